@@ -1,0 +1,66 @@
+# kiln — the two set-up commands for a fresh Debian 12 machine:
+#   make demo   install build deps, build, run the bundled demo model
+#   make test   install test deps, build, run every test (what CI runs)
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+BUILD_FUZZ ?= build-fuzz
+JOBS       ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
+
+APT_BUILD = build-essential cmake pkg-config libjansson-dev
+APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
+SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps deps-test build demo test test-unit test-asan fuzz bench clean
+
+all: build
+
+# install only what is missing (dpkg -s is silent and fast when present)
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; fi
+endef
+
+deps:
+	$(call apt_install,$(APT_BUILD))
+
+deps-test:
+	$(call apt_install,$(APT_TEST))
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	@echo "== kiln run: greedy continuation of 16 ids on the bundled tiny Qwen3 fixture"
+	./$(BUILD)/kiln run tests/fixtures/qwen3 --ids 17,100,42,311,7,250,19,64 -n 24
+	@echo "== kiln logits -> /tmp/kiln-demo-logits.npy"
+	./$(BUILD)/kiln logits tests/fixtures/llama --ids 17,100,42,311 --out /tmp/kiln-demo-logits.npy
+	@echo "== kiln bench: synthetic 443M-parameter Llama shape (bf16), CPU"
+	./$(BUILD)/kiln bench --synthetic bench/shapes/llama-0.44b.json --prompt 32 --gen 16
+
+test: deps-test test-unit test-asan fuzz
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j 1
+
+test-asan: deps-test
+	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON
+	cmake --build $(BUILD_ASAN) -j $(JOBS)
+	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=2 ctest --output-on-failure -j 1
+
+# libFuzzer over the safetensors header parser, bounded time, seed corpus
+# copied so findings never land in the tree; any crash fails the target.
+fuzz: deps-test
+	CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DKILN_FUZZ=ON
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_safetensors
+	rm -rf $(BUILD_FUZZ)/corpus && cp -r tests/fuzz/corpus_safetensors $(BUILD_FUZZ)/corpus
+	./$(BUILD_FUZZ)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus
+
+bench: build
+	./$(BUILD)/kiln bench --synthetic bench/shapes/llama-0.44b.json --prompt 128 --gen 64 --threads 2
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

@@ -1,0 +1,128 @@
+/* backend.h — the op interface every compute backend implements.
+ *
+ * Models never touch CPU or CUDA code: they hold a kn_backend and call the ops
+ * below through it. Conventions:
+ *  - All tensor pointers passed to ops are backend memory (from kn_be_alloc or
+ *    a kn_weight made by kn_be_weight_load). On the CPU backend that is host
+ *    memory; on CUDA it is device memory, and ops are enqueued on the
+ *    backend's stream (asynchronous until kn_be_sync / a download).
+ *  - Activations are float32, row-major. Weights are [rows=out, cols=in] in
+ *    F32, BF16 or F16; matmuls accumulate in float32.
+ *  - Index arrays (token ids, positions, KV slots, block tables) are int32 in
+ *    backend memory too, so a step needs no host round trip.
+ *  - Ops are infallible once their arguments are validated by the caller
+ *    (shapes come from a checked config); resource calls return kn_code.
+ * One op enumeration, one implementation per backend, and tests/test_ops
+ * compares each against a float64 reference. */
+#ifndef KN_BACKEND_H
+#define KN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/dtype.h"
+#include "base/status.h"
+
+typedef struct kn_backend kn_backend;
+
+/* A weight matrix [rows, cols] owned by the backend (or borrowed from a
+ * mapping that outlives it, see owned). */
+typedef struct {
+    kn_dtype dtype;
+    int64_t rows, cols;
+    const void *data;
+    int owned; /* 1: freed by kn_be_weight_free */
+} kn_weight;
+
+/* Rotary embedding tables: inv_freq[rot_dim/2] and the cos/sin scale. The
+ * rotation is the rotate-half (GPT-NeoX / HF) form on the first rot_dim
+ * elements of each head. */
+typedef struct {
+    int rot_dim;
+    float attn_scale;      /* multiplies cos and sin (yarn / longrope) */
+    const float *inv_freq; /* backend memory, rot_dim/2 entries */
+} kn_rope_table;
+
+/* Paged KV storage of one layer: blocks of block_size token slots, each slot
+ * holding n_kv_heads x head_dim floats for K and for V. slot = block *
+ * block_size + offset. */
+typedef struct {
+    float *k, *v;
+    int block_size, n_kv_heads, head_dim;
+    int64_t n_blocks;
+} kn_kv_layer;
+
+/* Attention of n_tokens query rows, each against its own sequence's cached
+ * keys/values at positions [max(0, pos - window + 1), pos] (window 0 = all):
+ * causal, grouped-query (query head h uses kv head h / (n_heads/n_kv_heads)). */
+typedef struct {
+    const float *q; /* [n_tokens, q_stride], heads at q + h*head_dim */
+    int64_t q_stride;
+    float *out; /* [n_tokens, n_heads*head_dim] */
+    int n_tokens, n_heads;
+    float scale;
+    int window;
+    const int32_t *pos;          /* [n_tokens] */
+    const int32_t *seq;          /* [n_tokens] row into block_tables */
+    const int32_t *block_tables; /* [n_seqs, max_blocks] */
+    int max_blocks;
+    const kn_kv_layer *kv;
+} kn_attention_args;
+
+typedef struct kn_backend_vtbl {
+    const char *name;
+    void (*destroy)(kn_backend *be);
+    /* memory */
+    void *(*alloc)(kn_backend *be, size_t bytes);
+    void (*free)(kn_backend *be, void *p);
+    void (*upload)(kn_backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(kn_backend *be, void *dst, const void *src, size_t bytes);
+    void (*sync)(kn_backend *be);
+    kn_code (*weight_load)(kn_backend *be, kn_dtype dt, int64_t rows, int64_t cols, const void *host,
+                           int may_borrow, kn_weight *out, kn_error *err);
+    /* ops */
+    void (*embed)(kn_backend *be, const kn_weight *table, const int32_t *ids, int n, float *out);
+    void (*rms_norm)(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,
+                     int groups, int dim, const float *w, float eps);
+    void (*matmul)(kn_backend *be, const float *x, int rows, const kn_weight *w, const float *bias, float *out);
+    void (*rope)(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
+                 const int32_t *pos, const kn_rope_table *rope);
+    void (*kv_write)(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
+                     int n_tokens, const int32_t *slots);
+    void (*attention)(kn_backend *be, const kn_attention_args *a);
+    void (*swiglu)(kn_backend *be, const float *gate_up, int rows, int dim, float *out);
+    void (*add)(kn_backend *be, float *y, const float *x, int64_t n);
+    void (*gather_rows)(kn_backend *be, const float *x, int64_t dim, const int32_t *rows, int n, float *out);
+    void (*softmax)(kn_backend *be, float *x, int rows, int dim);
+    /* measurement: sustained memory read bandwidth in bytes/s (the floor
+     * that memory-bound decode is compared against) */
+    double (*read_bandwidth)(kn_backend *be);
+} kn_backend_vtbl;
+
+struct kn_backend {
+    const kn_backend_vtbl *vt;
+    int n_threads;
+};
+
+/* Create a backend by name ("cpu"). n_threads 0 = all cores. */
+kn_code kn_backend_create(const char *name, int n_threads, kn_backend **out, kn_error *err);
+void kn_backend_destroy(kn_backend *be);
+
+/* Thin inline dispatchers keep call sites short: kn_be_matmul(be, ...). */
+static inline void *kn_be_alloc(kn_backend *be, size_t n) { return be->vt->alloc(be, n); }
+static inline void kn_be_free(kn_backend *be, void *p) { if (p) be->vt->free(be, p); }
+static inline void kn_be_upload(kn_backend *be, void *d, const void *s, size_t n) { be->vt->upload(be, d, s, n); }
+static inline void kn_be_download(kn_backend *be, void *d, const void *s, size_t n) { be->vt->download(be, d, s, n); }
+static inline void kn_be_sync(kn_backend *be) { be->vt->sync(be); }
+
+static inline kn_code kn_be_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_t cols, const void *host,
+                                        int may_borrow, kn_weight *out, kn_error *err) {
+    return be->vt->weight_load(be, dt, rows, cols, host, may_borrow, out, err);
+}
+static inline void kn_be_weight_free(kn_backend *be, kn_weight *w) {
+    if (w->owned && w->data) be->vt->free(be, (void *)w->data);
+    w->data = NULL;
+    w->owned = 0;
+}
+
+#endif

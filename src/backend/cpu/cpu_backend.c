@@ -1,0 +1,301 @@
+/* cpu_backend.c — the CPU implementation of the op interface (backend.h).
+ *
+ * Memory is host memory (64-byte aligned). Work is split across the
+ * backend's threads with OpenMP; each op is a parallel loop over independent
+ * rows / output columns, so results do not depend on the thread count except
+ * where noted (none today). Weights may be borrowed from a read-only mapping
+ * (zero copy) when their dtype is one the kernels read directly. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+
+typedef struct {
+    kn_backend base;
+    const kn_cpu_kernels *k;
+    float *gemm_scratch; /* n_threads * KN_GEMM_SCRATCH */
+    float *attn_scratch; /* n_threads * attn_scratch_len */
+    int64_t attn_scratch_len;
+} cpu_backend;
+
+static cpu_backend *cpu(kn_backend *be) { return (cpu_backend *)be; }
+
+static void *cpu_alloc(kn_backend *be, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? (bytes + 63) & ~(size_t)63 : 64) != 0) return NULL;
+    return p;
+}
+
+static void cpu_free(kn_backend *be, void *p) { (void)be; free(p); }
+
+static void cpu_copy(kn_backend *be, void *dst, const void *src, size_t n) { (void)be; memcpy(dst, src, n); }
+
+static void cpu_sync(kn_backend *be) { (void)be; }
+
+static void cpu_destroy(kn_backend *be) {
+    cpu_backend *c = cpu(be);
+    free(c->gemm_scratch);
+    free(c->attn_scratch);
+    free(c);
+}
+
+static kn_code cpu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_t cols, const void *host,
+                               int may_borrow, kn_weight *out, kn_error *err) {
+    if (dt != KN_DT_F32 && dt != KN_DT_BF16 && dt != KN_DT_F16)
+        return kn_fail(err, KN_ERR_UNSUPPORTED, "cpu backend: weights of dtype %s are not supported", kn_dtype_name(dt));
+    out->dtype = dt;
+    out->rows = rows;
+    out->cols = cols;
+    if (may_borrow) {
+        out->data = host;
+        out->owned = 0;
+        return KN_OK;
+    }
+    size_t bytes = (size_t)rows * (size_t)cols * kn_dtype_size(dt);
+    void *p = cpu_alloc(be, bytes);
+    if (!p) return kn_fail(err, KN_ERR_NOMEM, "cpu backend: out of memory for a %zu-byte weight", bytes);
+    memcpy(p, host, bytes);
+    out->data = p;
+    out->owned = 1;
+    return KN_OK;
+}
+
+/* ---- ops ----------------------------------------------------------------- */
+
+static void cpu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
+    const int64_t d = t->cols;
+#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+    for (int i = 0; i < n; i++) {
+        int64_t row = ids[i];
+        float *o = out + (int64_t)i * d;
+        if (row < 0 || row >= t->rows) { /* caller validates ids; stay memory-safe regardless */
+            memset(o, 0, (size_t)d * sizeof(float));
+            continue;
+        }
+        for (int64_t j = 0; j < d; j++) o[j] = kn_weight_at(t, row * d + j);
+    }
+}
+
+static void cpu_rms_norm(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,
+                         int groups, int dim, const float *w, float eps) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows * groups * dim > 8192)
+    for (int r = 0; r < rows; r++) {
+        for (int g = 0; g < groups; g++) {
+            const float *xi = x + r * x_stride + (int64_t)g * dim;
+            float *oi = out + r * out_stride + (int64_t)g * dim;
+            double ss = 0.0;
+            for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
+            float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+            for (int j = 0; j < dim; j++) oi[j] = w[j] * (xi[j] * inv);
+        }
+    }
+}
+
+static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    cpu_backend *c = cpu(be);
+    const int64_t N = w->rows;
+    const int nt = be->n_threads;
+    if (M <= 4) {
+        /* contiguous row ranges per thread: one sequential stream each */
+        int64_t per = ((N + nt - 1) / nt + 15) & ~(int64_t)15;
+#pragma omp parallel num_threads(nt)
+        {
+            int t = omp_get_thread_num();
+            int64_t n0 = t * per, n1 = n0 + per < N ? n0 + per : N;
+            if (n0 < n1) c->k->gemv(x, M, w, bias, out, n0, n1);
+        }
+        return;
+    }
+    int64_t nblocks = (N + KN_GEMM_NC - 1) / KN_GEMM_NC;
+#pragma omp parallel num_threads(nt)
+    {
+        float *scratch = c->gemm_scratch + (size_t)omp_get_thread_num() * KN_GEMM_SCRATCH;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < nblocks; b++) {
+            int64_t n0 = b * KN_GEMM_NC, n1 = n0 + KN_GEMM_NC < N ? n0 + KN_GEMM_NC : N;
+            c->k->gemm(x, M, w, bias, out, n0, n1, scratch);
+        }
+    }
+}
+
+/* rotate-half RoPE on the first rot_dim dims of each head, in place */
+static void cpu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
+                     const int32_t *pos, const kn_rope_table *rope) {
+    const int half = rope->rot_dim / 2;
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n_tokens > 4)
+    for (int t = 0; t < n_tokens; t++) {
+        float cs[512], sn[512]; /* half <= 512: head_dim <= 1024 checked at config */
+        for (int i = 0; i < half; i++) {
+            float f = (float)pos[t] * rope->inv_freq[i];
+            cs[i] = cosf(f) * rope->attn_scale;
+            sn[i] = sinf(f) * rope->attn_scale;
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + t * stride + (int64_t)h * head_dim;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * cs[i] - b * sn[i];
+                v[i + half] = b * cs[i] + a * sn[i];
+            }
+        }
+    }
+}
+
+static void cpu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
+                         int n_tokens, const int32_t *slots) {
+    (void)be;
+    const int64_t w = (int64_t)kv->n_kv_heads * kv->head_dim;
+    for (int t = 0; t < n_tokens; t++) {
+        memcpy(kv->k + (int64_t)slots[t] * w, k + t * stride, (size_t)w * sizeof(float));
+        memcpy(kv->v + (int64_t)slots[t] * w, v + t * stride, (size_t)w * sizeof(float));
+    }
+}
+
+static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
+    cpu_backend *c = cpu(be);
+    const kn_kv_layer *kv = a->kv;
+    const int hd = kv->head_dim, bs = kv->block_size, group = a->n_heads / kv->n_kv_heads;
+    const int64_t slot_w = (int64_t)kv->n_kv_heads * hd;
+    const int total = a->n_tokens * a->n_heads;
+#pragma omp parallel num_threads(be->n_threads)
+    {
+        float *scores = c->attn_scratch + (size_t)omp_get_thread_num() * (size_t)c->attn_scratch_len;
+#pragma omp for schedule(dynamic, 4)
+        for (int th = 0; th < total; th++) {
+            int t = th / a->n_heads, h = th % a->n_heads, kvh = h / group;
+            const float *q = a->q + t * a->q_stride + (int64_t)h * hd;
+            float *o = a->out + (int64_t)t * a->n_heads * hd + (int64_t)h * hd;
+            const int32_t *bt = a->block_tables + (int64_t)a->seq[t] * a->max_blocks;
+            int p = a->pos[t], lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+            float mx = -INFINITY;
+            for (int j = lo; j <= p; j++) {
+                int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
+                float s = c->k->dot(q, kv->k + slot * slot_w + (int64_t)kvh * hd, hd) * a->scale;
+                scores[j - lo] = s;
+                if (s > mx) mx = s;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j <= p - lo; j++) {
+                scores[j] = expf(scores[j] - mx);
+                sum += scores[j];
+            }
+            float inv = 1.0f / sum;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int j = lo; j <= p; j++) {
+                int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
+                c->k->axpy(o, scores[j - lo] * inv, kv->v + slot * slot_w + (int64_t)kvh * hd, hd);
+            }
+        }
+    }
+}
+
+static void cpu_swiglu(kn_backend *be, const float *gate_up, int rows, int dim, float *out) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate_up + (int64_t)r * 2 * dim, *u = g + dim;
+        float *o = out + (int64_t)r * dim;
+        for (int j = 0; j < dim; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
+static void cpu_add(kn_backend *be, float *y, const float *x, int64_t n) {
+    (void)be;
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_gather_rows(kn_backend *be, const float *x, int64_t dim, const int32_t *rows, int n, float *out) {
+    (void)be;
+    for (int i = 0; i < n; i++) memcpy(out + i * dim, x + rows[i] * dim, (size_t)dim * sizeof(float));
+}
+
+static void cpu_softmax(kn_backend *be, float *x, int rows, int dim) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 1)
+    for (int r = 0; r < rows; r++) {
+        float *v = x + (int64_t)r * dim, mx = -INFINITY, sum = 0.0f;
+        for (int j = 0; j < dim; j++) mx = v[j] > mx ? v[j] : mx;
+        for (int j = 0; j < dim; j++) sum += (v[j] = expf(v[j] - mx));
+        for (int j = 0; j < dim; j++) v[j] /= sum;
+    }
+}
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Best of 5 passes of a parallel read over 1 GiB (far beyond the caches),
+ * each thread streaming its own contiguous half like the gemv kernels do. */
+static double cpu_read_bandwidth(kn_backend *be) {
+    const size_t bytes = (size_t)1 << 30, n = bytes / sizeof(uint64_t);
+    uint64_t *buf = cpu_alloc(be, bytes);
+    if (!buf) return 0.0;
+    const int nt = be->n_threads;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    double best = 0.0;
+    volatile uint64_t sink = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        uint64_t acc = 0;
+        double t0 = seconds_now();
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(^ : acc)
+        for (size_t i = 0; i < n; i++) acc ^= buf[i];
+        double dt = seconds_now() - t0;
+        sink ^= acc;
+        if (bytes / dt > best) best = bytes / dt;
+    }
+    (void)sink;
+    cpu_free(be, buf);
+    return best;
+}
+
+static const kn_backend_vtbl cpu_vtbl = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .weight_load = cpu_weight_load,
+    .embed = cpu_embed,
+    .rms_norm = cpu_rms_norm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .gather_rows = cpu_gather_rows,
+    .softmax = cpu_softmax,
+    .read_bandwidth = cpu_read_bandwidth,
+};
+
+/* Attention scratch holds one score row per thread; sized for the longest
+ * context any model may use (the backend is shared across models). */
+#define KN_CPU_MAX_CONTEXT (1 << 20)
+
+kn_code kn_cpu_backend_create(int n_threads, kn_backend **out, kn_error *err) {
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (!c) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    c->base.vt = &cpu_vtbl;
+    c->base.n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+    c->k = kn_cpu_kernels_select();
+    c->attn_scratch_len = KN_CPU_MAX_CONTEXT;
+    c->gemm_scratch = cpu_alloc(&c->base, (size_t)c->base.n_threads * KN_GEMM_SCRATCH * sizeof(float));
+    /* calloc-free: pages are touched only as far as contexts actually reach */
+    c->attn_scratch = cpu_alloc(&c->base, (size_t)c->base.n_threads * (size_t)c->attn_scratch_len * sizeof(float));
+    if (!c->gemm_scratch || !c->attn_scratch) {
+        cpu_destroy(&c->base);
+        return kn_fail(err, KN_ERR_NOMEM, "out of memory for cpu backend scratch");
+    }
+    *out = &c->base;
+    return KN_OK;
+}
+
+const char *kn_cpu_backend_kernels(const kn_backend *be) { return ((const cpu_backend *)be)->k->name; }

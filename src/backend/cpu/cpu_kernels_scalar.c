@@ -1,0 +1,49 @@
+/* cpu_kernels_scalar.c — portable C inner loops: the fallback on processors
+ * without AVX2, and the simplest statement of what each kernel computes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+
+static void gemv_scalar(const float *x, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
+                        int64_t n1) {
+    const int64_t K = w->cols, N = w->rows;
+    for (int64_t n = n0; n < n1; n++) {
+        for (int m = 0; m < M; m++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) acc += x[(int64_t)m * K + k] * kn_weight_at(w, n * K + k);
+            out[(int64_t)m * N + n] = acc + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+
+static void gemm_scalar(const float *x, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
+                        int64_t n1, float *scratch) {
+    (void)scratch;
+    gemv_scalar(x, M, w, bias, out, n0, n1);
+}
+
+static float dot_scalar(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void axpy_scalar(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+const kn_cpu_kernels kn_cpu_kernels_scalar = {
+    .name = "scalar", .gemv = gemv_scalar, .gemm = gemm_scalar, .dot = dot_scalar, .axpy = axpy_scalar,
+};
+
+/* KILN_CPU_KERNELS=scalar forces the portable kernels (tests run both). */
+const kn_cpu_kernels *kn_cpu_kernels_select(void) {
+    const char *force = getenv("KILN_CPU_KERNELS");
+    if (force && !strcmp(force, "scalar")) return &kn_cpu_kernels_scalar;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &kn_cpu_kernels_avx2;
+#endif
+    return &kn_cpu_kernels_scalar;
+}

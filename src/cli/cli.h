@@ -1,0 +1,26 @@
+/* cli.h — subcommands of the `kiln` binary. Each returns the process exit
+ * code; errors are printed as one line on stderr by kn_cli_error. */
+#ifndef KN_CLI_H
+#define KN_CLI_H
+
+#include "base/status.h"
+
+int kn_cmd_run(int argc, char **argv);
+int kn_cmd_logits(int argc, char **argv);
+int kn_cmd_bench(int argc, char **argv);
+
+/* Print "kiln: <message>" and return 1. */
+int kn_cli_error(const kn_error *err);
+int kn_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Common model options shared by run/logits/bench. */
+typedef struct {
+    const char *backend;
+    int n_threads;
+    const char *kv;
+} kn_cli_common;
+
+/* Try to consume a common option at argv[*i]; 1 = consumed, 0 = not ours, -1 = error printed. */
+int kn_cli_common_opt(kn_cli_common *c, int argc, char **argv, int *i);
+
+#endif

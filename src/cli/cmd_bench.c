@@ -1,0 +1,178 @@
+/* cmd_bench.c — `kiln bench`: prefill and decode throughput on a real
+ * checkpoint or on synthetic weights at a real shape, next to the memory
+ * read floor measured in the same run.
+ *
+ * Decode floor: every step reads all weights once plus the KV written so far;
+ * floor tok/s = read bandwidth / bytes per step (per sequence-step for
+ * batch > 1 the weights are shared, so the floor is batch x that). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "engine/synthetic.h"
+#include "io/file_util.h"
+#include "io/hf_path.h"
+#include "models/model.h"
+
+void kn_model_free_internal(kn_model *m);
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    double read_gbs, prefill_tps, prefill_s, decode_tps, decode_s, weight_gb, floor_tps, gflops_prefill;
+} bench_result;
+
+static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, bench_result *r, kn_error *err) {
+    const int V = m->cfg.vocab_size;
+    kn_kv_seq *seqs = calloc((size_t)batch, sizeof *seqs);
+    kn_kv_seq **sp = calloc((size_t)batch, sizeof *sp);
+    int32_t *tok = malloc((size_t)m->max_chunk * 4), *pos = malloc((size_t)m->max_chunk * 4),
+            *sidx = malloc((size_t)m->max_chunk * 4), *rows = malloc((size_t)m->max_chunk * 4);
+    float *logits = malloc((size_t)batch * V * sizeof(float));
+    kn_code rc = (!seqs || !sp || !tok || !pos || !sidx || !rows || !logits) ? kn_fail(err, KN_ERR_NOMEM, "out of memory") : KN_OK;
+    for (int b = 0; !rc && b < batch; b++) {
+        sp[b] = &seqs[b];
+        rc = kn_kv_seq_reserve(m->kv, &seqs[b], prompt + gen, err);
+    }
+    r->read_gbs = m->be->vt->read_bandwidth(m->be) / 1e9;
+    /* prefill: each sequence's prompt, in chunks */
+    double t0 = now_s();
+    for (int b = 0; !rc && b < batch; b++) {
+        for (int c0 = 0; !rc && c0 < prompt; c0 += m->max_chunk) {
+            int n = prompt - c0 < m->max_chunk ? prompt - c0 : m->max_chunk;
+            for (int i = 0; i < n; i++) tok[i] = (int32_t)((c0 + i) * 7919 % V), pos[i] = c0 + i, sidx[i] = 0;
+            int32_t last = n - 1;
+            kn_batch bt = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = 1, .seqs = &sp[b],
+                           .n_logits = c0 + n == prompt, .logit_rows = &last};
+            rc = kn_model_forward(m, &bt, logits, err);
+        }
+    }
+    r->prefill_s = now_s() - t0;
+    r->prefill_tps = (double)prompt * batch / r->prefill_s;
+    /* decode: all sequences advance one token per step */
+    double t1 = now_s();
+    for (int g = 0; !rc && g < gen; g++) {
+        for (int b = 0; b < batch; b++) tok[b] = (int32_t)((g * 31 + b) % V), pos[b] = prompt + g, sidx[b] = b, rows[b] = b;
+        kn_batch bt = {.n_tokens = batch, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = batch, .seqs = sp,
+                       .n_logits = batch, .logit_rows = rows};
+        rc = kn_model_forward(m, &bt, logits, err);
+    }
+    r->decode_s = now_s() - t1;
+    r->decode_tps = (double)gen * batch / r->decode_s;
+    double wbytes = (double)kn_model_weight_bytes(m);
+    r->weight_gb = wbytes / 1e9;
+    double kv_per_step = (double)kn_kv_bytes_per_token(m->kv) * (prompt + gen / 2.0) * batch;
+    r->floor_tps = r->read_gbs * 1e9 / (wbytes + kv_per_step) * batch;
+    /* matmul FLOPs of prefill: 2 x weight elements x tokens */
+    double elems = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const kn_layer *L = &m->layers[l];
+        elems += (double)L->qkv.rows * L->qkv.cols + (double)L->o.rows * L->o.cols +
+                 (double)L->gate_up.rows * L->gate_up.cols + (double)L->down.rows * L->down.cols;
+    }
+    r->gflops_prefill = 2.0 * elems * prompt * batch / r->prefill_s / 1e9;
+    for (int b = 0; b < batch && seqs; b++) kn_kv_seq_release(m->kv, &seqs[b]);
+    free(seqs), free(sp), free(tok), free(pos), free(sidx), free(rows), free(logits);
+    return rc;
+}
+
+int kn_cmd_bench(int argc, char **argv) {
+    kn_cli_common common = {0};
+    const char *model = NULL, *synthetic = NULL, *dtype_arg = NULL;
+    long prompt = 128, gen = 64, batch = 1;
+    int json = 0;
+    kn_error err = {0};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int r = kn_cli_common_opt(&common, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        kn_code rc = KN_OK;
+        if (!strcmp(a, "--json")) { json = 1; continue; }
+        if (a[0] != '-') {
+            if (model) return kn_cli_usage_error("bench: unexpected argument \"%s\"", a);
+            model = a;
+            continue;
+        }
+        if (!v) return kn_cli_usage_error("%s needs a value", a);
+        if (!strcmp(a, "--synthetic")) synthetic = v;
+        else if (!strcmp(a, "--prompt")) rc = kn_parse_int(a, v, 1, 1 << 20, &prompt, &err);
+        else if (!strcmp(a, "--gen")) rc = kn_parse_int(a, v, 1, 1 << 20, &gen, &err);
+        else if (!strcmp(a, "--batch")) rc = kn_parse_int(a, v, 1, 512, &batch, &err);
+        else if (!strcmp(a, "--dtype")) dtype_arg = v;
+        else return kn_cli_usage_error("bench: unknown option %s", a);
+        if (rc) return kn_cli_error(&err);
+        i++;
+    }
+    if (!model == !synthetic) return kn_cli_usage_error("bench: give either MODEL or --synthetic CONFIG.json");
+    int ctx = (int)(prompt + gen);
+    kn_model *m = NULL;
+    kn_synthetic *syn = NULL;
+    kn_backend *be = NULL;
+    kn_model_config cfg;
+    kn_code rc;
+    char label[4096];
+    if (synthetic) {
+        char *text;
+        size_t len;
+        if ((rc = kn_read_file(synthetic, 1 << 20, &text, &len, &err))) return kn_cli_error(&err);
+        rc = kn_config_parse(text, len, NULL, 0, synthetic, &cfg, &err);
+        free(text);
+        if (rc) return kn_cli_error(&err);
+        kn_dtype dt = strstr(cfg.torch_dtype, "float32") ? KN_DT_F32 : strstr(cfg.torch_dtype, "float16") && !strstr(cfg.torch_dtype, "bfloat16") ? KN_DT_F16 : KN_DT_BF16;
+        if (dtype_arg) {
+            if (!strcmp(dtype_arg, "bf16")) dt = KN_DT_BF16;
+            else if (!strcmp(dtype_arg, "f16")) dt = KN_DT_F16;
+            else if (!strcmp(dtype_arg, "f32")) dt = KN_DT_F32;
+            else return kn_cli_usage_error("--dtype must be bf16, f16 or f32");
+        }
+        if ((rc = kn_synthetic_create(&cfg, dt, 1234, common.n_threads, &syn, &err))) return kn_cli_error(&err);
+        if ((rc = kn_backend_create(common.backend, common.n_threads, &be, &err))) {
+            kn_synthetic_free(syn);
+            return kn_cli_error(&err);
+        }
+        kn_tensor_source src = kn_synthetic_source(syn);
+        if ((rc = kn_model_build(&cfg, &src, be, ctx, (int)batch, &m, &err))) {
+            kn_synthetic_free(syn);
+            return kn_cli_error(&err);
+        }
+        snprintf(label, sizeof label, "synthetic %s", synthetic);
+    } else {
+        if (batch != 1) return kn_cli_usage_error("bench MODEL: --batch > 1 needs --synthetic in this build");
+        char dir[4096];
+        if ((rc = kn_resolve_model_path(model, dir, sizeof dir, &err))) return kn_cli_error(&err);
+        kn_model_options o = {.backend = common.backend, .n_threads = common.n_threads, .max_context = ctx};
+        if ((rc = kn_model_open(dir, &o, &m, &err))) return kn_cli_error(&err);
+        snprintf(label, sizeof label, "%s", dir);
+    }
+    bench_result r = {0};
+    rc = run_bench(m, (int)prompt, (int)gen, (int)batch, &r, &err);
+    if (!rc) {
+        if (json)
+            printf("{\"model\": \"%s\", \"desc\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"prompt\": %ld, "
+                   "\"gen\": %ld, \"batch\": %ld, \"weight_gb\": %.4f, \"read_bandwidth_gbs\": %.2f, "
+                   "\"prefill_tok_s\": %.2f, \"prefill_gflops\": %.1f, \"decode_tok_s\": %.2f, "
+                   "\"decode_floor_tok_s\": %.2f, \"decode_fraction_of_floor\": %.3f}\n",
+                   label, m->desc, m->be->vt->name, m->be->n_threads, prompt, gen, batch, r.weight_gb, r.read_gbs,
+                   r.prefill_tps, r.gflops_prefill, r.decode_tps, r.floor_tps, r.decode_tps / r.floor_tps);
+        else
+            printf("model    %s\n         %s\nbackend  %s, %d threads\nweights  %.3f GB read per decode step\n"
+                   "memory   %.1f GB/s read bandwidth (measured now)\n"
+                   "prefill  %ld tokens x %ld: %.1f tok/s (%.1f GFLOP/s in matmuls)\n"
+                   "decode   %ld tokens x %ld: %.2f tok/s; floor %.2f tok/s -> %.1f%% of the memory floor\n",
+                   label, m->desc, m->be->vt->name, m->be->n_threads, r.weight_gb, r.read_gbs, prompt, batch,
+                   r.prefill_tps, r.gflops_prefill, gen, batch, r.decode_tps, r.floor_tps,
+                   100.0 * r.decode_tps / r.floor_tps);
+    }
+    kn_model_free_internal(m);
+    kn_synthetic_free(syn);
+    return rc ? kn_cli_error(&err) : 0;
+}

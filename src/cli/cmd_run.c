@@ -1,0 +1,136 @@
+/* cmd_run.c — `kiln run` and `kiln logits`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "io/hf_path.h"
+#include "io/npy.h"
+#include "kiln/kiln.h"
+
+static int print_token(int32_t tok, void *user) {
+    int *count = user;
+    printf(*count ? " %d" : "%d", tok);
+    fflush(stdout);
+    ++*count;
+    return 0;
+}
+
+static kn_code open_model(const char *arg, const kn_cli_common *c, kn_model **m, kn_error *err) {
+    char dir[4096];
+    kn_code rc = kn_resolve_model_path(arg, dir, sizeof dir, err);
+    if (rc) return rc;
+    kn_model_options o = {.backend = c->backend, .n_threads = c->n_threads};
+    return kn_model_open(dir, &o, m, err);
+}
+
+int kn_cmd_run(int argc, char **argv) {
+    kn_cli_common common = {0};
+    const char *model = NULL, *ids_arg = NULL;
+    int have_n = 0, have_temp = 0, have_tk = 0, have_tp = 0, have_mp = 0, ignore_eos = 0;
+    long n = 32, top_k = 0;
+    double temp = 0, top_p = 1, min_p = 0;
+    uint64_t seed = 0;
+    kn_error err = {0};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int r = kn_cli_common_opt(&common, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1;
+        kn_code rc = KN_OK;
+        if (!strcmp(a, "--ids")) ids_arg = v;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) rc = kn_parse_int(a, v, 0, 1 << 24, &n, &err), have_n = 1;
+        else if (!strcmp(a, "--temp") || !strcmp(a, "--temperature")) rc = kn_parse_float(a, v, 0, 100, &temp, &err), have_temp = 1;
+        else if (!strcmp(a, "--top-p")) rc = kn_parse_float(a, v, 0, 1, &top_p, &err), have_tp = 1;
+        else if (!strcmp(a, "--top-k")) rc = kn_parse_int(a, v, 0, 1 << 24, &top_k, &err), have_tk = 1;
+        else if (!strcmp(a, "--min-p")) rc = kn_parse_float(a, v, 0, 1, &min_p, &err), have_mp = 1;
+        else if (!strcmp(a, "--seed")) rc = kn_parse_u64(a, v, &seed, &err);
+        else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1, takes = 0;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt") || !strcmp(a, "--chat"))
+            return kn_cli_usage_error("%s needs the tokenizer, which this build does not have yet; use --ids", a);
+        else if (a[0] == '-') return kn_cli_usage_error("run: unknown option %s", a);
+        else if (!model) model = a, takes = 0;
+        else return kn_cli_usage_error("run: unexpected argument \"%s\"", a);
+        if (takes && !v) return kn_cli_usage_error("%s needs a value", a);
+        if (rc) return kn_cli_error(&err);
+        i += takes;
+    }
+    (void)have_n;
+    if (!model) return kn_cli_usage_error("run: missing MODEL");
+    if (!ids_arg) return kn_cli_usage_error("run: give the prompt as --ids 1,2,3");
+    int32_t *ids;
+    int n_ids;
+    if (kn_parse_ids(ids_arg, &ids, &n_ids, &err)) return kn_cli_error(&err);
+    kn_model *m;
+    if (open_model(model, &common, &m, &err)) {
+        free(ids);
+        return kn_cli_error(&err);
+    }
+    kn_sampling s = kn_sampling_defaults(m);
+    s.max_new_tokens = (int)n;
+    s.seed = seed;
+    s.ignore_eos = ignore_eos;
+    if (have_temp) s.temperature = (float)temp;
+    if (have_tk) s.top_k = (int)top_k;
+    if (have_tp) s.top_p = (float)top_p;
+    if (have_mp) s.min_p = (float)min_p;
+    int count = 0;
+    kn_generate_stats st = {0};
+    kn_code rc = n > 0 ? kn_generate(m, ids, n_ids, &s, print_token, &count, &st, &err) : KN_OK;
+    printf("\n");
+    if (!rc)
+        fprintf(stderr, "kiln: %s\nkiln: prompt %d tokens in %.3f s (%.1f tok/s), generated %d tokens (%.1f tok/s)\n",
+                kn_model_describe(m), st.n_prompt, st.prefill_seconds,
+                st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0.0, st.n_generated,
+                st.decode_seconds > 0 && st.n_generated > 1 ? (st.n_generated - 1) / st.decode_seconds : 0.0);
+    kn_model_close(m);
+    free(ids);
+    return rc ? kn_cli_error(&err) : 0;
+}
+
+int kn_cmd_logits(int argc, char **argv) {
+    kn_cli_common common = {0};
+    const char *model = NULL, *ids_arg = NULL, *out = NULL;
+    kn_error err = {0};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int r = kn_cli_common_opt(&common, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--ids") || !strcmp(a, "--out") || !strcmp(a, "--mel")) {
+            if (!v) return kn_cli_usage_error("%s needs a value", a);
+            if (!strcmp(a, "--mel")) return kn_cli_usage_error("--mel needs an encoder-decoder model (not in this build)");
+            if (!strcmp(a, "--ids")) ids_arg = v;
+            else out = v;
+            i++;
+        } else if (a[0] == '-') return kn_cli_usage_error("logits: unknown option %s", a);
+        else if (!model) model = a;
+        else return kn_cli_usage_error("logits: unexpected argument \"%s\"", a);
+    }
+    if (!model) return kn_cli_usage_error("logits: missing MODEL");
+    if (!ids_arg) return kn_cli_usage_error("logits: missing --ids");
+    if (!out) return kn_cli_usage_error("logits: missing --out FILE.npy");
+    int32_t *ids;
+    int n_ids;
+    if (kn_parse_ids(ids_arg, &ids, &n_ids, &err)) return kn_cli_error(&err);
+    kn_model *m;
+    if (open_model(model, &common, &m, &err)) {
+        free(ids);
+        return kn_cli_error(&err);
+    }
+    int V = kn_model_vocab_size(m);
+    float *logits = malloc((size_t)n_ids * (size_t)V * sizeof(float));
+    kn_code rc = logits ? kn_model_logits(m, ids, n_ids, logits, &err) : kn_fail(&err, KN_ERR_NOMEM, "out of memory");
+    if (!rc) {
+        int64_t shape[2] = {n_ids, V};
+        rc = kn_npy_write_f32(out, logits, 2, shape, &err);
+    }
+    free(logits);
+    free(ids);
+    kn_model_close(m);
+    return rc ? kn_cli_error(&err) : 0;
+}

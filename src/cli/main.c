@@ -1,0 +1,87 @@
+/* main.c — the `kiln` command: dispatch to subcommands (thin; the work is in
+ * libkiln). See DESIGN.md "CLI contract". */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+
+static const char usage[] =
+    "usage: kiln <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  run MODEL --ids 1,2,3 [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--ignore-eos]\n"
+    "        generate; with --ids the generated ids are printed to stdout, space-separated\n"
+    "  logits MODEL --ids 1,2,3 --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
+    "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--json]\n"
+    "\n"
+    "common options: --backend cpu  --threads N  --kv f32\n"
+    "MODEL is a directory in Hugging Face layout or a repo id present in the HF cache.\n";
+
+int kn_cli_error(const kn_error *err) {
+    fprintf(stderr, "kiln: %s\n", err->msg[0] ? err->msg : kn_code_name(err->code));
+    return 1;
+}
+
+int kn_cli_usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kiln: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(" (see kiln --help)\n", stderr);
+    va_end(ap);
+    return 2;
+}
+
+int kn_cli_common_opt(kn_cli_common *c, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    kn_error err = {0};
+    if (!strcmp(a, "--backend") || !strcmp(a, "--threads") || !strcmp(a, "--kv")) {
+        if (*i + 1 >= argc) {
+            kn_cli_usage_error("%s needs a value", a);
+            return -1;
+        }
+        const char *v = argv[++*i];
+        if (!strcmp(a, "--backend")) c->backend = v;
+        else if (!strcmp(a, "--kv")) {
+            if (strcmp(v, "f32") != 0) {
+                kn_cli_usage_error("--kv %s: KV format not available in this build (supported: f32)", v);
+                return -1;
+            }
+            c->kv = v;
+        } else {
+            long t;
+            if (kn_parse_int("--threads", v, 0, 4096, &t, &err)) {
+                kn_cli_error(&err);
+                return -1;
+            }
+            c->n_threads = (int)t;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("kiln %s\n", KILN_VERSION);
+        return 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run")) return kn_cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "logits")) return kn_cmd_logits(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) return kn_cmd_bench(argc - 2, argv + 2);
+    static const char *const later[] = {"serve", "tokenize", "detokenize", "template", "mel", "transcribe",
+                                        "quantize", "pull", "ls", "fit"};
+    for (size_t i = 0; i < sizeof later / sizeof *later; i++)
+        if (!strcmp(cmd, later[i])) {
+            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench)\n", cmd);
+            return 2;
+        }
+    return kn_cli_usage_error("unknown command \"%s\"", cmd);
+}

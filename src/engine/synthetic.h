@@ -1,0 +1,18 @@
+/* synthetic.h — random weights at a real model's shape, in memory, so
+ * benchmarks need no download (`kiln bench --synthetic CONFIG.json`). */
+#ifndef KN_ENGINE_SYNTHETIC_H
+#define KN_ENGINE_SYNTHETIC_H
+
+#include "models/model.h"
+
+typedef struct kn_synthetic kn_synthetic;
+
+/* Create every tensor a Llama-family checkpoint of cfg has, with values
+ * uniform in [-scale, scale], in dtype dt. The store must outlive models
+ * built from it (they use its memory in place). */
+kn_code kn_synthetic_create(const kn_model_config *cfg, kn_dtype dt, uint64_t seed, int n_threads,
+                            kn_synthetic **out, kn_error *err);
+void kn_synthetic_free(kn_synthetic *s);
+kn_tensor_source kn_synthetic_source(kn_synthetic *s);
+
+#endif

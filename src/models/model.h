@@ -1,0 +1,76 @@
+/* model.h — the loaded model (internal view of the public kn_model) and the
+ * batched forward pass the engine drives.
+ *
+ * A kn_model owns its backend-resident weights, its scratch activations
+ * (sized for max_chunk tokens per forward) and its KV pool. The forward pass
+ * runs a batch of tokens from one or more sequences; each token carries its
+ * sequence and position, so one call can mix prefill chunks and decode steps
+ * (continuous batching builds on this). */
+#ifndef KN_MODELS_MODEL_H
+#define KN_MODELS_MODEL_H
+
+#include "backend/backend.h"
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "kiln/kiln.h"
+#include "kv/kv_paged.h"
+
+typedef struct {
+    kn_weight qkv, o, gate_up, down; /* q|k|v and gate|up fused along rows */
+    float *qkv_bias, *o_bias, *gate_up_bias, *down_bias; /* NULL when absent */
+    float *attn_norm, *mlp_norm, *q_norm, *k_norm;       /* f32 */
+} kn_layer;
+
+/* One forward call: n_tokens tokens; token t belongs to sequence seq[t] (an
+ * index into seqs) at position pos[t]. Logits are produced for the rows in
+ * logit_rows (n_logits of them), in that order. */
+typedef struct {
+    int n_tokens;
+    const int32_t *tokens, *pos, *seq;
+    int n_seqs;
+    kn_kv_seq *const *seqs;
+    int n_logits;
+    const int32_t *logit_rows;
+} kn_batch;
+
+struct kn_model {
+    kn_model_config cfg;
+    kn_backend *be;
+    kn_safetensors *st;
+    kn_weight embed, lm_head;
+    float *final_norm;
+    kn_layer *layers;
+    kn_rope_table rope;
+    int q_dim, kv_dim, qkv_dim;
+    int max_context, max_chunk, max_seqs;
+    kn_kv_pool *kv;
+    /* scratch, backend memory, sized for max_chunk tokens */
+    float *x, *xn, *qkv, *attn, *gu, *act, *tmp, *logits;
+    int logits_rows; /* rows of the logits scratch */
+    int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows;
+    int max_blocks;
+    char desc[256];
+};
+
+/* Where weights come from: a lookup by HF tensor name (NULL when absent).
+ * `outlives_model` says the tensor bytes stay valid while the model lives, so
+ * a backend may use them in place (mmap on CPU). */
+typedef struct {
+    const kn_st_tensor *(*find)(void *ctx, const char *name);
+    void *ctx;
+    int outlives_model;
+} kn_tensor_source;
+
+/* Build a model from a parsed config and a tensor source. The model takes
+ * ownership of be. Used by kn_model_open and by the synthetic bench. */
+kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, kn_backend *be, int max_context,
+                       int max_seqs, kn_model **out, kn_error *err);
+
+/* Run one batch; logits (host, n_logits x vocab) may be NULL when n_logits 0.
+ * The caller must have reserved KV blocks for every (seq, pos) in the batch. */
+kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err);
+
+/* Total bytes of weights read by one decode step. */
+int64_t kn_model_weight_bytes(const kn_model *m);
+
+#endif

@@ -1,0 +1,68 @@
+#!/bin/sh
+# test_cli.sh — the CLI contract (DESIGN.md), driven through the real binary:
+# output formats, exit codes, and one-line errors for bad input.
+# usage: test_cli.sh KILN_BIN FIXTURES_DIR
+set -u
+KILN=$1
+FIX=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+# expect_error CODE_NONZERO "needle" -- command...
+expect_error() {
+    needle=$1; shift
+    if "$@" >"$TMP/out" 2>"$TMP/err"; then fail "expected failure: $*"; return; fi
+    lines=$(wc -l <"$TMP/err")
+    [ "$lines" -eq 1 ] || fail "expected one stderr line, got $lines: $*"
+    grep -q -- "$needle" "$TMP/err" || fail "stderr lacks '$needle': $(cat "$TMP/err")"
+}
+
+# greedy ids from a fixture's reference.json, space-separated
+ref_list() { tr -d '\n' <"$1/reference.json" | sed -n "s/.*\"$2\": *\[\([^]]*\)\].*/\1/p" | tr -d ' ' | tr ',' ' '; }
+
+for m in llama qwen3 phi3; do
+    prompt=$(ref_list "$FIX/$m" prompt | tr ' ' ',')
+    want=$(ref_list "$FIX/$m" greedy)
+    got=$("$KILN" run "$FIX/$m" --ids "$prompt" -n 24 2>"$TMP/err") || fail "run $m: $(cat "$TMP/err")"
+    [ "$got" = "$want" ] || fail "run $m --ids: got '$got' want '$want'"
+    grep -q "tok/s" "$TMP/err" || fail "run $m: stats should go to stderr"
+done
+
+# logits: float32 [n_ids, vocab] .npy
+"$KILN" logits "$FIX/llama" --ids 5,6,7 --out "$TMP/l.npy" || fail "logits"
+size=$(wc -c <"$TMP/l.npy")
+[ "$size" -eq $((128 + 3 * 512 * 4)) ] || fail "logits file size $size"
+head -c 128 "$TMP/l.npy" | grep -q "'shape': (3, 512)" || fail "npy header shape"
+
+# seeded sampling is reproducible
+a=$("$KILN" run "$FIX/llama" --ids 5,6,7 -n 16 --temp 0.9 --top-p 0.95 --top-k 40 --seed 7 --ignore-eos 2>/dev/null)
+b=$("$KILN" run "$FIX/llama" --ids 5,6,7 -n 16 --temp 0.9 --top-p 0.95 --top-k 40 --seed 7 --ignore-eos 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] || fail "seeded sampling not reproducible: '$a' vs '$b'"
+[ "$(echo "$a" | wc -w)" -eq 16 ] || fail "--ignore-eos -n 16 should give 16 ids: '$a'"
+
+# errors: one clear line, non-zero exit
+expect_error "does not exist" "$KILN" run "$TMP/nope" --ids 1
+expect_error "non-negative integers" "$KILN" run "$FIX/llama" --ids 1,x
+expect_error "outside the vocabulary" "$KILN" run "$FIX/llama" --ids 1,99999
+expect_error "outside the vocabulary" "$KILN" logits "$FIX/llama" --ids 600 --out "$TMP/x.npy"
+expect_error "missing --out" "$KILN" logits "$FIX/llama" --ids 1
+expect_error "unknown command" "$KILN" frobnicate
+mkdir -p "$TMP/bert"
+echo '{"model_type": "bert", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1}' >"$TMP/bert/config.json"
+expect_error "supported: llama, mistral, qwen2, qwen3, phi3" "$KILN" run "$TMP/bert" --ids 1
+# a checkpoint whose tensors do not match its config
+mkdir -p "$TMP/bad"
+sed 's/"hidden_size": 64/"hidden_size": 32/' "$FIX/llama/config.json" >"$TMP/bad/config.json"
+cp "$FIX/llama/model.safetensors" "$TMP/bad/"
+expect_error "expected" "$KILN" run "$TMP/bad" --ids 1
+# a truncated checkpoint
+cp "$FIX/llama/config.json" "$TMP/bad/config.json"
+head -c 5000 "$FIX/llama/model.safetensors" >"$TMP/bad/model.safetensors"
+expect_error "safetensors" "$KILN" run "$TMP/bad" --ids 1
+# a checkpoint missing a tensor is reported by name (index pointing at a shard lacking it)
+"$KILN" >/dev/null 2>&1; [ $? -eq 2 ] || fail "no arguments should exit 2"
+
+if [ "$fails" -ne 0 ]; then echo "test_cli: $fails failure(s)" >&2; exit 1; fi
+echo "test_cli: all checks passed"

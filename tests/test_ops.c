@@ -1,0 +1,260 @@
+/* test_ops.c — every CPU op against a float64 reference written here
+ * independently, at many shapes (odd sizes, GQA ratios 1/4/8, head dims
+ * 64/128/256, windows, paged block tables out of order), for every weight
+ * dtype. Outputs are poisoned with NaN before each run; a NaN never passes.
+ * The CUDA backend will be checked by the same harness. */
+#include <string.h>
+
+#include "backend/backend.h"
+#include "test_util.h"
+
+static kn_backend *be;
+static uint64_t seed = 42;
+
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = kn_test_rand(&seed) * scale;
+}
+static void poison(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = NAN;
+}
+/* |got - ref| <= tol * mag + 1e-6, where mag bounds the terms' magnitudes */
+static int close_to(double got, double ref, double mag, double tol) {
+    return !isnan(got) && fabs(got - ref) <= tol * mag + 1e-6;
+}
+
+static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
+    size_t esz = kn_dtype_size(dt);
+    float *x = malloc((size_t)M * K * 4), *out = malloc((size_t)M * N * 4), *bias = malloc((size_t)N * 4);
+    float *wf = malloc((size_t)N * K * 4);
+    void *wraw = malloc((size_t)N * K * esz);
+    fill(x, (int64_t)M * K, 1.0f);
+    fill(bias, N, 0.5f);
+    for (int64_t i = 0; i < (int64_t)N * K; i++) {
+        float v = kn_test_rand(&seed);
+        if (dt == KN_DT_F32) ((float *)wraw)[i] = v;
+        else if (dt == KN_DT_BF16) ((uint16_t *)wraw)[i] = kn_f32_to_bf16(v);
+        else ((uint16_t *)wraw)[i] = kn_f32_to_f16(v);
+        wf[i] = kn_load_f32(wraw, dt, i);
+    }
+    kn_weight w;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load(be, dt, N, K, wraw, 0, &w, &err) == KN_OK, "weight_load: %s", err.msg);
+    poison(out, (int64_t)M * N);
+    be->vt->matmul(be, x, M, &w, with_bias ? bias : NULL, out);
+    int bad = 0;
+    for (int m = 0; m < M && bad < 3; m++)
+        for (int n = 0; n < N && bad < 3; n++) {
+            double ref = with_bias ? bias[n] : 0.0, mag = fabs(ref);
+            for (int k = 0; k < K; k++) {
+                ref += (double)x[m * K + k] * wf[(int64_t)n * K + k];
+                mag += fabs((double)x[m * K + k] * wf[(int64_t)n * K + k]);
+            }
+            if (!close_to(out[(int64_t)m * N + n], ref, mag, 2e-6 * sqrt(K + 1.0))) {
+                bad++;
+                CHECK(0, "matmul %s M=%d N=%d K=%d bias=%d at [%d,%d]: got %g want %g", kn_dtype_name(dt), M, N, K,
+                      with_bias, m, n, out[(int64_t)m * N + n], ref);
+            }
+        }
+    kn_be_weight_free(be, &w);
+    free(x), free(out), free(bias), free(wf), free(wraw);
+}
+
+static void test_rms_norm(int rows, int groups, int dim) {
+    int64_t stride = (int64_t)groups * dim + 3; /* padded rows */
+    float *x = malloc((size_t)(rows * stride) * 4), *out = malloc((size_t)(rows * stride) * 4), *w = malloc((size_t)dim * 4);
+    fill(x, rows * stride, 3.0f);
+    fill(w, dim, 1.0f);
+    poison(out, rows * stride);
+    be->vt->rms_norm(be, x, stride, out, stride, rows, groups, dim, w, 1e-5f);
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < groups; g++) {
+            double ss = 0;
+            for (int j = 0; j < dim; j++) ss += (double)x[r * stride + g * dim + j] * x[r * stride + g * dim + j];
+            double inv = 1.0 / sqrt(ss / dim + 1e-5);
+            for (int j = 0; j < dim; j++) {
+                double ref = w[j] * x[r * stride + g * dim + j] * inv;
+                float got = out[r * stride + g * dim + j];
+                if (!close_to(got, ref, fabs(ref), 1e-6)) {
+                    CHECK(0, "rms_norm rows=%d groups=%d dim=%d: got %g want %g", rows, groups, dim, got, ref);
+                    goto done;
+                }
+            }
+        }
+done:
+    free(x), free(out), free(w);
+}
+
+static void test_rope(int n_tokens, int n_heads, int head_dim, int rot_dim, float scale) {
+    int64_t stride = (int64_t)n_heads * head_dim + 5;
+    float *x = malloc((size_t)(n_tokens * stride) * 4), *orig = malloc((size_t)(n_tokens * stride) * 4);
+    float inv_freq[512];
+    int32_t pos[64];
+    for (int i = 0; i < rot_dim / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / rot_dim);
+    for (int t = 0; t < n_tokens; t++) pos[t] = t * 37 % 1000;
+    fill(x, n_tokens * stride, 1.0f);
+    memcpy(orig, x, (size_t)(n_tokens * stride) * 4);
+    kn_rope_table rt = {.rot_dim = rot_dim, .attn_scale = scale, .inv_freq = inv_freq};
+    be->vt->rope(be, x, stride, n_tokens, n_heads, head_dim, pos, &rt);
+    int half = rot_dim / 2;
+    for (int t = 0; t < n_tokens; t++)
+        for (int h = 0; h < n_heads; h++) {
+            const float *o = orig + t * stride + h * head_dim;
+            const float *g = x + t * stride + h * head_dim;
+            for (int i = 0; i < head_dim; i++) {
+                double ref;
+                if (i < half) {
+                    double f = (double)(float)((float)pos[t] * inv_freq[i]);
+                    ref = scale * (o[i] * cos(f) - o[i + half] * sin(f));
+                } else if (i < rot_dim) {
+                    double f = (double)(float)((float)pos[t] * inv_freq[i - half]);
+                    ref = scale * (o[i] * cos(f) + o[i - half] * sin(f));
+                } else {
+                    ref = o[i]; /* partial rotary: untouched */
+                }
+                if (!close_to(g[i], ref, 2.0, 2e-6)) {
+                    CHECK(0, "rope tokens=%d heads=%d hd=%d rot=%d [t%d h%d i%d]: got %g want %g", n_tokens, n_heads,
+                          head_dim, rot_dim, t, h, i, g[i], ref);
+                    goto done;
+                }
+            }
+        }
+    /* padding between rows untouched */
+    for (int t = 0; t < n_tokens; t++)
+        for (int p = n_heads * head_dim; p < stride; p++)
+            CHECK(x[t * stride + p] == orig[t * stride + p], "rope wrote outside its heads");
+done:
+    free(x), free(orig);
+}
+
+/* Two sequences with shuffled block tables; tokens of both in one call. */
+static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, int window) {
+    const int bs = 16;
+    int nb0 = (len0 + bs - 1) / bs, nb1 = (len1 + bs - 1) / bs, nblocks = nb0 + nb1 + 3;
+    int max_blocks = nb0 > nb1 ? nb0 : nb1;
+    int64_t slot_w = (int64_t)n_kv * hd;
+    kn_kv_layer kv = {.block_size = bs, .n_kv_heads = n_kv, .head_dim = hd, .n_blocks = nblocks};
+    kv.k = malloc((size_t)nblocks * bs * slot_w * 4);
+    kv.v = malloc((size_t)nblocks * bs * slot_w * 4);
+    fill(kv.k, nblocks * bs * slot_w, 1.0f);
+    fill(kv.v, nblocks * bs * slot_w, 1.0f);
+    int32_t *bt = calloc((size_t)2 * max_blocks, 4);
+    /* blocks assigned in a scrambled order across both sequences */
+    int next = nblocks - 1;
+    for (int i = 0; i < max_blocks; i++) {
+        if (i < nb0) bt[i] = next--;
+        if (i < nb1) bt[max_blocks + i] = next--;
+    }
+    /* queries: last 3 positions of seq 0 and last 2 of seq 1 */
+    int n_tok = 5;
+    int32_t pos[5] = {len0 - 3, len0 - 2, len0 - 1, len1 - 2, len1 - 1}, seq[5] = {0, 0, 0, 1, 1};
+    int64_t qs = (int64_t)n_heads * hd + 7;
+    float *q = malloc((size_t)(n_tok * qs) * 4), *out = malloc((size_t)n_tok * n_heads * hd * 4);
+    fill(q, n_tok * qs, 1.0f);
+    poison(out, (int64_t)n_tok * n_heads * hd);
+    float scale = 1.0f / sqrtf((float)hd);
+    kn_attention_args a = {.q = q, .q_stride = qs, .out = out, .n_tokens = n_tok, .n_heads = n_heads, .scale = scale,
+                           .window = window, .pos = pos, .seq = seq, .block_tables = bt, .max_blocks = max_blocks, .kv = &kv};
+    be->vt->attention(be, &a);
+    double *sc = malloc((size_t)(len0 > len1 ? len0 : len1) * sizeof(double));
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_heads; h++) {
+            int kvh = h / (n_heads / n_kv), p = pos[t], lo = window ? (p - window + 1 > 0 ? p - window + 1 : 0) : 0;
+            const int32_t *row = bt + seq[t] * max_blocks;
+            double mx = -1e300, sum = 0;
+            for (int j = lo; j <= p; j++) {
+                const float *k = kv.k + ((int64_t)row[j / bs] * bs + j % bs) * slot_w + kvh * hd;
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)q[t * qs + h * hd + d] * k[d];
+                sc[j] = s * scale;
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int j = lo; j <= p; j++) sum += (sc[j] = exp(sc[j] - mx));
+            for (int d = 0; d < hd; d++) {
+                double ref = 0;
+                for (int j = lo; j <= p; j++)
+                    ref += sc[j] / sum * kv.v[((int64_t)row[j / bs] * bs + j % bs) * slot_w + kvh * hd + d];
+                float got = out[((int64_t)t * n_heads + h) * hd + d];
+                if (!close_to(got, ref, 1.0, 1e-5)) {
+                    CHECK(0, "attention heads=%d/%d hd=%d len=%d/%d window=%d [t%d h%d d%d]: got %g want %g", n_heads,
+                          n_kv, hd, len0, len1, window, t, h, d, got, ref);
+                    goto done;
+                }
+            }
+        }
+done:
+    free(sc), free(kv.k), free(kv.v), free(bt), free(q), free(out);
+}
+
+static void test_swiglu_softmax_embed(void) {
+    int rows = 7, dim = 37;
+    float *gu = malloc((size_t)rows * 2 * dim * 4), *out = malloc((size_t)rows * dim * 4);
+    fill(gu, rows * 2 * dim, 6.0f);
+    poison(out, rows * dim);
+    be->vt->swiglu(be, gu, rows, dim, out);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < dim; j++) {
+            double g = gu[r * 2 * dim + j], u = gu[r * 2 * dim + dim + j], ref = g / (1 + exp(-g)) * u;
+            CHECK(close_to(out[r * dim + j], ref, fabs(ref), 1e-6), "swiglu [%d,%d]: got %g want %g", r, j,
+                  out[r * dim + j], ref);
+        }
+    float sm[3 * 50];
+    fill(sm, 150, 20.0f);
+    float orig[150];
+    memcpy(orig, sm, sizeof sm);
+    be->vt->softmax(be, sm, 3, 50);
+    for (int r = 0; r < 3; r++) {
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j < 50; j++) mx = orig[r * 50 + j] > mx ? orig[r * 50 + j] : mx;
+        for (int j = 0; j < 50; j++) sum += exp(orig[r * 50 + j] - mx);
+        for (int j = 0; j < 50; j++) {
+            double ref = exp(orig[r * 50 + j] - mx) / sum;
+            CHECK(close_to(sm[r * 50 + j], ref, ref, 1e-5), "softmax [%d,%d]: got %g want %g", r, j, sm[r * 50 + j], ref);
+        }
+    }
+    /* embed from bf16 table, and ids out of range are zero rows, not reads out of bounds */
+    uint16_t table[5 * 4];
+    for (int i = 0; i < 20; i++) table[i] = kn_f32_to_bf16((float)i * 0.25f);
+    kn_weight t = {.dtype = KN_DT_BF16, .rows = 5, .cols = 4, .data = table};
+    int32_t ids[3] = {4, 0, 9};
+    float e[12];
+    poison(e, 12);
+    be->vt->embed(be, &t, ids, 3, e);
+    for (int j = 0; j < 4; j++) {
+        CHECK(e[j] == (16 + j) * 0.25f, "embed row 4");
+        CHECK(e[4 + j] == j * 0.25f, "embed row 0");
+        CHECK(e[8 + j] == 0.0f, "embed out-of-range id must give zeros");
+    }
+    free(gu), free(out);
+}
+
+int main(void) {
+    kn_error err = {0};
+    if (kn_backend_create("cpu", 2, &be, &err)) {
+        fprintf(stderr, "backend: %s\n", err.msg);
+        return 1;
+    }
+    kn_dtype dts[3] = {KN_DT_F32, KN_DT_BF16, KN_DT_F16};
+    int Ms[] = {1, 2, 3, 5, 6, 7, 13, 64}, Ns[] = {1, 15, 16, 17, 64, 100}, Ks[] = {1, 7, 8, 64, 300};
+    for (int d = 0; d < 3; d++)
+        for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+            for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+                for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) test_matmul(dts[d], Ms[a], Ns[b], Ks[c], (a + b + c) % 2);
+    test_matmul(KN_DT_BF16, 130, 300, 1030, 1); /* several KC blocks and M tiles */
+    test_rms_norm(1, 1, 64);
+    test_rms_norm(5, 4, 32);
+    test_rms_norm(3, 1, 4096);
+    test_rope(7, 4, 64, 64, 1.0f);
+    test_rope(3, 2, 128, 96, 1.2f);
+    test_rope(5, 8, 256, 256, 1.0f);
+    int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}, {16, 2}};
+    int hds[] = {64, 128, 256};
+    for (size_t g = 0; g < 4; g++)
+        for (size_t h = 0; h < 3; h++) {
+            test_attention(gqa[g][0], gqa[g][1], hds[h], 37, 20, 0);
+            test_attention(gqa[g][0], gqa[g][1], hds[h], 300, 17, 16);
+        }
+    test_attention(4, 2, 64, 2100, 5, 0); /* long context */
+    test_swiglu_softmax_embed();
+    kn_backend_destroy(be);
+    return kn_test_done("test_ops");
+}

@@ -7,7 +7,8 @@
  *  - token-by-token decode through the paged KV cache equals full prefill
  *    (max |Δ| <= 2e-5 x max|logit|: only summation order differs);
  *  - bf16 copy: mean teacher-forced KL(fp32 ref || kiln bf16) <= 2e-3 and
- *    greedy agreement with fp32 until the first near-tie.
+ *    greedy agreement with fp32 until the first near-tie (top-2 gap below
+ *    twice the max teacher-forced |Δlogit| of the bf16 model).
  * A missing fixture is a failure, never a skip. */
 #include <jansson.h>
 #include <string.h>
@@ -194,7 +195,7 @@ static void check_fixture(const char *name) {
         CHECK(same, "%s: greedy continuation differs from transformers (%d vs %d tokens)", name, ng, ref.n_greedy);
         printf(", greedy %d/%d tokens identical\n", same ? ng : 0, ref.n_greedy);
     } else {
-        /* vs our fp32 sibling's greedy, up to its first near-tie (gap < 0.05) */
+        /* vs our fp32 sibling's greedy, up to its first near-tie */
         char fdir[1024];
         snprintf(fdir, sizeof fdir, "%s/llama", kn_test_fixtures());
         kn_model *m32;
@@ -205,8 +206,9 @@ static void check_fixture(const char *name) {
             int kb = greedy_gaps(m, ref.prompt, ref.n_prompt, 24, tb, gb);
             int agree = 0;
             while (agree < k32 && agree < kb && t32[agree] == tb[agree]) agree++;
+            /* a near-tie: top-2 gap within twice the bf16 teacher-forced error */
             int tie = 0;
-            while (tie < k32 && gaps[tie] >= 0.05) tie++;
+            while (tie < k32 && gaps[tie] >= 2.0 * maxd) tie++;
             CHECK(agree >= tie, "%s: bf16 greedy diverges at %d before the first near-tie at %d", name, agree, tie);
             printf(", greedy agrees with fp32 for %d tokens (first near-tie at %d)\n", agree, tie);
             kn_model_close(m32);

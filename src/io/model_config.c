@@ -270,6 +270,7 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
         goto fail;
     if (get_int(&c, root, "num_key_value_heads", cfg->n_heads, &cfg->n_kv_heads)) goto fail;
     if (get_int(&c, root, "head_dim", cfg->hidden_size / cfg->n_heads, &cfg->head_dim)) goto fail;
+    if (cfg->arch == KN_ARCH_PHI3) cfg->head_dim = cfg->hidden_size / cfg->n_heads; /* phi3 has no head_dim */
     if (get_int(&c, root, "max_position_embeddings", 4096, &cfg->max_position_embeddings)) goto fail;
     if (get_num(&c, root, "rms_norm_eps", 1e-6, &cfg->rms_norm_eps)) goto fail;
     if (cfg->arch == KN_ARCH_PHI3 && !json_object_get(root, "rms_norm_eps")) cfg->rms_norm_eps = 1e-5;
@@ -306,6 +307,9 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
     cfg->qk_norm = cfg->arch == KN_ARCH_QWEN3;
     cfg->fused_qkv = cfg->fused_gate_up = cfg->arch == KN_ARCH_PHI3;
     if (parse_rope(&c, root, cfg)) goto fail;
+    /* transformers' llama-style default rope ignores partial_rotary_factor;
+     * phi3's default and every scaled rope type honour it */
+    if (cfg->arch != KN_ARCH_PHI3 && cfg->rope.type == KN_ROPE_DEFAULT) cfg->rope.partial_rotary_factor = 1.0;
     int rot = (int)(cfg->head_dim * cfg->rope.partial_rotary_factor);
     if (rot <= 0 || rot > cfg->head_dim || rot % 2) {
         rc = kn_fail(err, KN_ERR_FORMAT, "%s: partial_rotary_factor %g gives rotary dim %d for head_dim %d", where,

@@ -16,7 +16,8 @@ kn_code kn_npy_write_f32(const char *path, const float *data, int ndim, const in
     int n = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
     size_t count = 1;
     for (int i = 0; i < ndim; i++) {
-        n += snprintf(dict + n, sizeof dict - (size_t)n, "%lld,%s", (long long)shape[i], i + 1 < ndim ? " " : "");
+        n += snprintf(dict + n, sizeof dict - (size_t)n, "%lld%s", (long long)shape[i],
+                      i + 1 < ndim ? ", " : ndim == 1 ? "," : "");
         count *= (size_t)shape[i];
     }
     n += snprintf(dict + n, sizeof dict - (size_t)n, "), }");

@@ -19,6 +19,8 @@ typedef struct {
     const kn_cpu_kernels *k;
     float *gemm_scratch; /* n_threads * KN_GEMM_SCRATCH */
     float *attn_scratch; /* n_threads * attn_scratch_len */
+    float *apack;        /* packed matmul input, grown on demand */
+    size_t apack_floats;
     int64_t attn_scratch_len;
 } cpu_backend;
 
@@ -41,6 +43,7 @@ static void cpu_destroy(kn_backend *be) {
     cpu_backend *c = cpu(be);
     free(c->gemm_scratch);
     free(c->attn_scratch);
+    free(c->apack);
     free(c);
 }
 
@@ -111,6 +114,33 @@ static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w
         }
         return;
     }
+    const float *ap = NULL;
+    if (c->k->pack_a) {
+        size_t need = kn_gemm_packed_floats(M, w->cols);
+        if (need > c->apack_floats) {
+            float *p = cpu_alloc(be, need * sizeof(float));
+            if (!p) { /* no memory for packing: the unblocked path is still correct */
+                int64_t per = (N + nt - 1) / nt;
+#pragma omp parallel num_threads(nt)
+                {
+                    int64_t n0 = omp_get_thread_num() * per, n1 = n0 + per < N ? n0 + per : N;
+                    if (n0 < n1) c->k->gemv(x, M, w, bias, out, n0, n1);
+                }
+                return;
+            }
+            free(c->apack);
+            c->apack = p, c->apack_floats = need;
+        }
+        const int tiles = (M + KN_GEMM_MR - 1) / KN_GEMM_MR;
+#pragma omp parallel num_threads(nt)
+        {
+            int t = omp_get_thread_num(), per = (tiles + nt - 1) / nt;
+            int m0 = t * per * KN_GEMM_MR, m1 = (t + 1) * per * KN_GEMM_MR;
+            if (m1 > tiles * KN_GEMM_MR) m1 = tiles * KN_GEMM_MR;
+            if (m0 < m1) c->k->pack_a(x, M, w->cols, m0, m1, c->apack);
+        }
+        ap = c->apack;
+    }
     int64_t nblocks = (N + KN_GEMM_NC - 1) / KN_GEMM_NC;
 #pragma omp parallel num_threads(nt)
     {
@@ -118,7 +148,7 @@ static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < nblocks; b++) {
             int64_t n0 = b * KN_GEMM_NC, n1 = n0 + KN_GEMM_NC < N ? n0 + KN_GEMM_NC : N;
-            c->k->gemm(x, M, w, bias, out, n0, n1, scratch);
+            c->k->gemm(x, ap, M, w, bias, out, n0, n1, scratch);
         }
     }
 }
@@ -229,25 +259,26 @@ static double seconds_now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Best of 5 passes of a parallel read over 1 GiB (far beyond the caches),
- * each thread streaming its own contiguous half like the gemv kernels do. */
+/* Best of 7 passes of a parallel read over 1 GiB (far beyond the caches),
+ * each thread streaming its own contiguous share like the gemv kernels do. */
 static double cpu_read_bandwidth(kn_backend *be) {
-    const size_t bytes = (size_t)1 << 30, n = bytes / sizeof(uint64_t);
-    uint64_t *buf = cpu_alloc(be, bytes);
-    if (!buf) return 0.0;
+    const size_t bytes = (size_t)1 << 30;
     const int nt = be->n_threads;
+    const size_t share = (bytes / (size_t)nt) & ~(size_t)127;
+    char *buf = cpu_alloc(be, bytes);
+    if (!buf) return 0.0;
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (size_t i = 0; i < n; i++) buf[i] = i;
+    for (size_t i = 0; i < bytes; i += 4096) memset(buf + i, (int)(i >> 12), 4096);
     double best = 0.0;
     volatile uint64_t sink = 0;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < 7; rep++) {
         uint64_t acc = 0;
         double t0 = seconds_now();
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(^ : acc)
-        for (size_t i = 0; i < n; i++) acc ^= buf[i];
+#pragma omp parallel num_threads(nt) reduction(^ : acc)
+        acc ^= cpu(be)->k->read_sum(buf + (size_t)omp_get_thread_num() * share, share);
         double dt = seconds_now() - t0;
         sink ^= acc;
-        if (bytes / dt > best) best = bytes / dt;
+        if (share * nt / dt > best) best = share * nt / dt;
     }
     (void)sink;
     cpu_free(be, buf);

@@ -15,18 +15,31 @@ typedef struct {
     /* out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for m < M, n0 <= n < n1.
      * M small (decode): streams each weight row once for all M rows. */
     void (*gemv)(const float *x, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1);
-    /* Same contract, cache-blocked and register-tiled for large M; scratch
-     * holds KN_GEMM_SCRATCH floats (per thread). */
-    void (*gemm)(const float *x, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1,
-                 float *scratch);
+    /* Same contract, cache-blocked and register-tiled for large M. ap is x
+     * packed by pack_a (NULL when pack_a is NULL); scratch holds
+     * KN_GEMM_SCRATCH floats (per thread). */
+    void (*gemm)(const float *x, const float *ap, int M, const kn_weight *w, const float *bias, float *out,
+                 int64_t n0, int64_t n1, float *scratch);
+    /* Pack x[M, K] for gemm, rows [m0, m1) of tiles (m0, m1 multiples of
+     * KN_GEMM_MR), into ap of kn_gemm_packed_floats(M, K) floats. May be NULL. */
+    void (*pack_a)(const float *x, int M, int64_t K, int m0, int m1, float *ap);
     float (*dot)(const float *a, const float *b, int n);
     /* y += a * x */
     void (*axpy)(float *y, float a, const float *x, int n);
+    /* Read bytes (a multiple of 128, 32-aligned) as fast as possible; returns
+     * a checksum so the reads cannot be elided. The bandwidth probe. */
+    uint64_t (*read_sum)(const void *p, size_t bytes);
 } kn_cpu_kernels;
 
-#define KN_GEMM_KC 256
-#define KN_GEMM_NC 64
+#define KN_GEMM_KC 256 /* k-block: one packed W panel (KC x 16 f32 = 16 KiB) stays in L1 */
+#define KN_GEMM_NC 64  /* output columns per work item (packed W in L2) */
+#define KN_GEMM_MR 6   /* rows of the register tile */
 #define KN_GEMM_SCRATCH (KN_GEMM_KC * KN_GEMM_NC)
+
+/* Packed A: for each k-block, for each 6-row tile, [kc][6] floats. */
+static inline size_t kn_gemm_packed_floats(int M, int64_t K) {
+    return (size_t)((M + KN_GEMM_MR - 1) / KN_GEMM_MR * KN_GEMM_MR) * (size_t)K;
+}
 
 extern const kn_cpu_kernels kn_cpu_kernels_scalar;
 #if defined(__x86_64__)

@@ -17,9 +17,9 @@ static void gemv_scalar(const float *x, int M, const kn_weight *w, const float *
     }
 }
 
-static void gemm_scalar(const float *x, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
-                        int64_t n1, float *scratch) {
-    (void)scratch;
+static void gemm_scalar(const float *x, const float *ap, int M, const kn_weight *w, const float *bias, float *out,
+                        int64_t n0, int64_t n1, float *scratch) {
+    (void)scratch, (void)ap;
     gemv_scalar(x, M, w, bias, out, n0, n1);
 }
 
@@ -33,8 +33,16 @@ static void axpy_scalar(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+static uint64_t read_sum_scalar(const void *p, size_t bytes) {
+    const uint64_t *u = p;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    for (size_t i = 0; i + 4 <= bytes / 8; i += 4) a0 += u[i], a1 += u[i + 1], a2 += u[i + 2], a3 += u[i + 3];
+    return a0 ^ a1 ^ a2 ^ a3;
+}
+
 const kn_cpu_kernels kn_cpu_kernels_scalar = {
     .name = "scalar", .gemv = gemv_scalar, .gemm = gemm_scalar, .dot = dot_scalar, .axpy = axpy_scalar,
+    .read_sum = read_sum_scalar,
 };
 
 /* KILN_CPU_KERNELS=scalar forces the portable kernels (tests run both). */

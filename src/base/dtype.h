@@ -53,11 +53,15 @@ float kn_f16_to_f32(uint16_t h);
 uint16_t kn_f32_to_f16(float f);
 
 /* Element i of a float array of dtype dt (F32/BF16/F16) as float; 0 for other dtypes. */
+/* p need not be aligned: safetensors data offsets carry no alignment promise. */
 static inline float kn_load_f32(const void *p, kn_dtype dt, int64_t i) {
+    const unsigned char *c = p;
+    float f;
+    uint16_t h;
     switch (dt) {
-    case KN_DT_F32: return ((const float *)p)[i];
-    case KN_DT_BF16: return kn_bf16_to_f32(((const uint16_t *)p)[i]);
-    case KN_DT_F16: return kn_f16_to_f32(((const uint16_t *)p)[i]);
+    case KN_DT_F32: memcpy(&f, c + i * 4, 4); return f;
+    case KN_DT_BF16: memcpy(&h, c + i * 2, 2); return kn_bf16_to_f32(h);
+    case KN_DT_F16: memcpy(&h, c + i * 2, 2); return kn_f16_to_f32(h);
     default: return 0.0f;
     }
 }

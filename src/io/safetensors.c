@@ -1,11 +1,31 @@
-/* safetensors.c — see safetensors.h.
+/* safetensors.c — parse, validate and mmap safetensors checkpoints.
  *
- * Invariants after a successful parse: every tensor has a known dtype, at
- * most KN_ST_MAX_DIMS non-negative dims whose product times the dtype size
- * equals its byte length without overflow, lies inside the data section, and
- * no two tensors overlap. Names are unique, non-empty, at most 4096 bytes.
- * A checkpoint's tensor array is sorted by name; each file is mapped once and
- * unmapped by kn_st_close. */
+ * This file turns untrusted bytes on disk into a table of kn_st_tensor whose
+ * data pointers may be dereferenced without further checks. It is the only
+ * place in kiln that reads a safetensors header.
+ *
+ * Layout of one file: an 8-byte little-endian u64 N, N bytes of JSON (an
+ * object mapping tensor name -> {"dtype", "shape", "data_offsets"}, plus an
+ * optional "__metadata__" object of strings, which is checked and skipped),
+ * then the data section. data_offsets are [begin, end) relative to the start
+ * of the data section.
+ *
+ * Invariants established before any tensor is handed out:
+ *   - 0 < N <= KN_ST_MAX_HEADER and 8 + N <= file size;
+ *   - the header is one JSON object without duplicate keys;
+ *   - every name is 1..KN_ST_NAME_MAX bytes, unique, and not "__metadata__";
+ *   - dtype is known; 0 <= ndim <= KN_ST_MAX_DIMS; every dim >= 0;
+ *   - product(shape) * dtype size is computed with overflow checks and equals
+ *     end - begin; begin <= end <= data section size;
+ *   - no two tensors of non-zero size share a byte;
+ *   - so [data, data + nbytes) lies inside the buffer or mapping.
+ * Tensor tables are sorted by name (strcmp order), so lookups are binary
+ * searches. A kn_safetensors owns its tensor table, every name in it, and
+ * every mapping; kn_st_close releases all of them. There is no global state.
+ *
+ * Data pointers carry no alignment promise beyond what the file provides:
+ * begin is whatever the writer chose (writers pad the header to 8 bytes, so
+ * in practice data is 8-byte aligned relative to a page-aligned mapping). */
 #include "io/safetensors.h"
 
 #include <dirent.h>
@@ -19,304 +39,622 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io/file_util.h"
+#define KN_ST_NAME_MAX 4096           /* longest tensor name accepted */
+#define KN_ST_SHARD_NAME_MAX 255      /* longest shard file name (NAME_MAX) */
+#define KN_ST_INDEX_MAX (64u << 20)   /* largest index.json accepted */
+#define KN_ST_INDEX_NAME "model.safetensors.index.json"
+#define KN_ST_SINGLE_NAME "model.safetensors"
 
-#define MAX_NAME 4096
-
+/* One mapped file. */
 typedef struct {
-    void *map;
+    void *addr;
     size_t len;
-} st_mapping;
+} st_map;
 
 struct kn_safetensors {
     kn_st_tensor *tensors; /* sorted by name */
     size_t n;
-    st_mapping *maps;
+    st_map *maps;
     size_t n_maps;
 };
 
-void kn_st_tensors_free(kn_st_tensor *t, size_t n) {
-    if (!t) return;
-    for (size_t i = 0; i < n; i++) free(t[i].name);
-    free(t);
-}
+/* ---- helpers ----------------------------------------------------------- */
 
-static int cmp_offset(const void *a, const void *b) {
-    const kn_st_tensor *x = a, *y = b;
-    const uint8_t *p = x->data, *q = y->data;
-    return (p > q) - (p < q);
-}
-
-static int cmp_name(const void *a, const void *b) {
+static int cmp_tensor_name(const void *a, const void *b) {
     return strcmp(((const kn_st_tensor *)a)->name, ((const kn_st_tensor *)b)->name);
 }
 
-static int mul_overflows(size_t a, size_t b, size_t *out) {
-    if (a && b > SIZE_MAX / a) return 1;
+static int key_tensor_name(const void *key, const void *elem) {
+    return strcmp((const char *)key, ((const kn_st_tensor *)elem)->name);
+}
+
+static const kn_st_tensor *find_sorted(const kn_st_tensor *t, size_t n, const char *name) {
+    if (!t || n == 0 || !name) return NULL;
+    return bsearch(name, t, n, sizeof *t, key_tensor_name);
+}
+
+static int mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    if (a != 0 && b > UINT64_MAX / a) return -1;
     *out = a * b;
     return 0;
 }
 
-/* Parse one entry; returns 0 or sets err. */
-static kn_code parse_entry(const char *name, json_t *e, const uint8_t *data, size_t data_len, kn_st_tensor *t,
-                           kn_error *err) {
-    if (!json_is_object(e)) return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": entry is not an object", name);
-    json_t *dt = json_object_get(e, "dtype"), *shape = json_object_get(e, "shape"),
-           *offs = json_object_get(e, "data_offsets");
-    if (!json_is_string(dt)) return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": missing or non-string dtype", name);
-    if (kn_dtype_parse(json_string_value(dt), &t->dtype))
+static uint64_t read_le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+void kn_st_tensors_free(kn_st_tensor *tensors, size_t n) {
+    if (!tensors) return;
+    for (size_t i = 0; i < n; i++) free(tensors[i].name);
+    free(tensors);
+}
+
+/* ---- header parsing ----------------------------------------------------- */
+
+/* Byte range of one tensor, for the overlap check. */
+typedef struct {
+    uint64_t begin, end;
+    size_t idx;
+} st_range;
+
+static int cmp_range(const void *a, const void *b) {
+    const st_range *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return 0;
+}
+
+/* Validate one header entry and fill *t (name excluded). `what` names the
+ * file in messages. */
+static kn_code parse_entry(const char *what, const char *name, json_t *v, const uint8_t *data,
+                           uint64_t data_len, kn_st_tensor *t, uint64_t *begin_out, kn_error *err) {
+    if (!json_is_object(v))
+        return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": entry is not a JSON object", what, name);
+
+    json_t *jd = json_object_get(v, "dtype");
+    if (!jd) return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": missing \"dtype\"", what, name);
+    if (!json_is_string(jd))
+        return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": \"dtype\" is not a string", what, name);
+    const char *ds = json_string_value(jd);
+    if (strlen(ds) != json_string_length(jd) || kn_dtype_parse(ds, &t->dtype) != 0)
         return kn_fail(err, KN_ERR_FORMAT,
-                       "tensor \"%.200s\": unknown dtype \"%.32s\" (known: F64 F32 F16 BF16 F8_E4M3 F8_E5M2 I64 I32 "
-                       "I16 I8 U64 U32 U16 U8 BOOL)", name, json_string_value(dt));
-    if (!json_is_array(shape)) return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": missing or non-array shape", name);
-    if (json_array_size(shape) > KN_ST_MAX_DIMS)
-        return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": %zu dims (at most %d)", name, json_array_size(shape),
-                       KN_ST_MAX_DIMS);
-    size_t count = 1;
-    t->ndim = (int)json_array_size(shape);
-    for (int i = 0; i < t->ndim; i++) {
-        json_t *d = json_array_get(shape, (size_t)i);
-        if (!json_is_integer(d) || json_integer_value(d) < 0)
-            return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": shape[%d] is not a non-negative integer", name, i);
-        t->shape[i] = json_integer_value(d);
-        if (mul_overflows(count, (size_t)t->shape[i], &count))
-            return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": shape overflows", name);
+                       "%s: tensor \"%.200s\": unknown dtype \"%.32s\" (known: F32 F16 BF16 F64 F8_E4M3 "
+                       "F8_E5M2 I8 U8 I16 U16 I32 U32 I64 U64 BOOL)",
+                       what, name, ds);
+
+    json_t *js = json_object_get(v, "shape");
+    if (!js) return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": missing \"shape\"", what, name);
+    if (!json_is_array(js))
+        return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": \"shape\" is not an array", what, name);
+    size_t nd = json_array_size(js);
+    if (nd > KN_ST_MAX_DIMS)
+        return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": %zu dims, at most %d supported", what, name,
+                       nd, KN_ST_MAX_DIMS);
+    uint64_t count = 1;
+    t->ndim = (int)nd;
+    for (size_t d = 0; d < nd; d++) {
+        json_t *jv = json_array_get(js, d);
+        if (!json_is_integer(jv))
+            return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": shape[%zu] is not an integer", what,
+                           name, d);
+        json_int_t dim = json_integer_value(jv);
+        if (dim < 0)
+            return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": shape[%zu] = %lld, dims must be non-negative", what,
+                           name, d, (long long)dim);
+        t->shape[d] = (int64_t)dim;
+        if (mul_u64(count, (uint64_t)dim, &count) != 0 || count > (uint64_t)INT64_MAX)
+            return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": element count overflows", what, name);
     }
-    size_t nbytes;
-    if (mul_overflows(count, kn_dtype_size(t->dtype), &nbytes))
-        return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": shape overflows", name);
-    if (!json_is_array(offs) || json_array_size(offs) != 2 || !json_is_integer(json_array_get(offs, 0)) ||
-        !json_is_integer(json_array_get(offs, 1)))
-        return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": data_offsets must be [begin, end]", name);
-    json_int_t b = json_integer_value(json_array_get(offs, 0)), en = json_integer_value(json_array_get(offs, 1));
-    if (b < 0 || en < b) return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": data_offsets [%lld, %lld] are invalid", name, (long long)b, (long long)en);
-    if ((unsigned long long)en > data_len)
-        return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": data ends at %lld, past the data section (%zu bytes)",
-                       name, (long long)en, data_len);
-    if ((size_t)(en - b) != nbytes)
-        return kn_fail(err, KN_ERR_FORMAT, "tensor \"%.200s\": %lld bytes stored but shape x %s needs %zu", name,
-                       (long long)(en - b), kn_dtype_name(t->dtype), nbytes);
-    t->nbytes = nbytes;
-    t->data = data + b;
+    for (size_t d = nd; d < KN_ST_MAX_DIMS; d++) t->shape[d] = 0;
+    uint64_t want;
+    if (mul_u64(count, kn_dtype_size(t->dtype), &want) != 0 || want > (uint64_t)SIZE_MAX)
+        return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": byte size overflows", what, name);
+
+    json_t *jo = json_object_get(v, "data_offsets");
+    if (!jo) return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": missing \"data_offsets\"", what, name);
+    if (!json_is_array(jo) || json_array_size(jo) != 2 || !json_is_integer(json_array_get(jo, 0)) ||
+        !json_is_integer(json_array_get(jo, 1)))
+        return kn_fail(err, KN_ERR_FORMAT,
+                       "%s: tensor \"%.200s\": \"data_offsets\" is not an array of two integers", what, name);
+    json_int_t b = json_integer_value(json_array_get(jo, 0));
+    json_int_t e = json_integer_value(json_array_get(jo, 1));
+    if (b < 0 || e < 0)
+        return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": data_offsets [%lld, %lld] are invalid (negative)", what,
+                       name, (long long)b, (long long)e);
+    if (b > e)
+        return kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\": data_offsets are invalid: begin %lld > end %lld", what,
+                       name, (long long)b, (long long)e);
+    uint64_t ub = (uint64_t)b, ue = (uint64_t)e;
+    if (ue > data_len)
+        return kn_fail(err, KN_ERR_FORMAT,
+                       "%s: tensor \"%.200s\": data_offsets end %llu is past the data section (%llu bytes)",
+                       what, name, (unsigned long long)ue, (unsigned long long)data_len);
+    if (ue - ub != want)
+        return kn_fail(err, KN_ERR_FORMAT,
+                       "%s: tensor \"%.200s\": %llu bytes in data_offsets but dtype %s x shape needs %llu", what,
+                       name, (unsigned long long)(ue - ub), kn_dtype_name(t->dtype), (unsigned long long)want);
+    t->nbytes = (size_t)want;
+    t->data = data + ub;
+    *begin_out = ub;
     return KN_OK;
 }
 
-kn_code kn_st_parse(const uint8_t *buf, size_t len, kn_st_tensor **tensors, size_t *n_tensors, kn_error *err) {
+static kn_code check_metadata(const char *what, json_t *v, kn_error *err) {
+    if (!json_is_object(v))
+        return kn_fail(err, KN_ERR_FORMAT, "%s: \"__metadata__\" is not a JSON object", what);
+    const char *k;
+    json_t *mv;
+    json_object_foreach(v, k, mv) {
+        if (!json_is_string(mv))
+            return kn_fail(err, KN_ERR_FORMAT, "%s: \"__metadata__\" value for \"%.200s\" is not a string", what,
+                           k);
+    }
+    return KN_OK;
+}
+
+/* Parse a whole file image. `what` labels messages (a path, or "safetensors
+ * buffer"). On success the table is sorted by name. */
+static kn_code parse_image(const uint8_t *buf, size_t len, const char *what, kn_st_tensor **tensors,
+                           size_t *n_tensors, kn_error *err) {
     *tensors = NULL;
     *n_tensors = 0;
-    if (len < 8) return kn_fail(err, KN_ERR_FORMAT, "file is %zu bytes, shorter than the 8-byte header length", len);
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | buf[i];
+    if (!buf && len) return kn_fail(err, KN_ERR_INVALID_ARG, "%s: NULL buffer", what);
+    if (len < 8)
+        return kn_fail(err, KN_ERR_FORMAT, "%s: %zu bytes, too short for the 8-byte header length", what, len);
+    uint64_t hlen = read_le64(buf);
     if (hlen == 0 || hlen > KN_ST_MAX_HEADER)
-        return kn_fail(err, KN_ERR_FORMAT, "header length %llu is out of range (1..%u)", (unsigned long long)hlen,
-                       KN_ST_MAX_HEADER);
-    if (hlen > len - 8)
-        return kn_fail(err, KN_ERR_FORMAT, "header length %llu exceeds the file (%zu bytes): truncated?",
-                       (unsigned long long)hlen, len);
-    json_error_t je;
-    json_t *root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return kn_fail(err, KN_ERR_FORMAT, "header is not valid JSON: %s", je.text);
-    kn_code rc = KN_OK;
+        return kn_fail(err, KN_ERR_FORMAT, "%s: header length %llu is out of range (limit 1..%u bytes)", what,
+                       (unsigned long long)hlen, (unsigned)KN_ST_MAX_HEADER);
+    if (hlen > (uint64_t)(len - 8))
+        return kn_fail(err, KN_ERR_FORMAT, "%s: header length %llu exceeds the %zu bytes that follow it (truncated file?)",
+                       what, (unsigned long long)hlen, len - 8);
+    const uint8_t *data = buf + 8 + hlen;
+    uint64_t data_len = (uint64_t)(len - 8 - (size_t)hlen);
+
+    json_error_t jerr;
+    json_t *root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return kn_fail(err, KN_ERR_FORMAT, "%s: header is not valid JSON: %s (at byte %d)", what, jerr.text,
+                       jerr.position);
     if (!json_is_object(root)) {
         json_decref(root);
-        return kn_fail(err, KN_ERR_FORMAT, "header is not a JSON object");
+        return kn_fail(err, KN_ERR_FORMAT, "%s: header is not a JSON object", what);
     }
-    const uint8_t *data = buf + 8 + hlen;
-    size_t data_len = len - 8 - (size_t)hlen, cap = json_object_size(root), n = 0;
-    kn_st_tensor *t = calloc(cap ? cap : 1, sizeof *t);
-    if (!t) {
-        json_decref(root);
-        return kn_fail(err, KN_ERR_NOMEM, "out of memory for %zu tensor entries", cap);
+
+    kn_code rc = KN_OK;
+    size_t cap = json_object_size(root);
+    kn_st_tensor *t = cap ? calloc(cap, sizeof *t) : NULL;
+    st_range *r = cap ? calloc(cap, sizeof *r) : NULL;
+    size_t n = 0;
+    if (cap && (!t || !r)) {
+        rc = kn_fail(err, KN_ERR_NOMEM, "%s: out of memory for %zu tensors", what, cap);
+        goto done;
     }
+
     const char *key;
-    json_t *val;
-    json_object_foreach(root, key, val) {
-        if (!strcmp(key, "__metadata__")) {
-            if (!json_is_object(val)) { rc = kn_fail(err, KN_ERR_FORMAT, "__metadata__ is not an object"); break; }
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        if (strcmp(key, "__metadata__") == 0) {
+            if ((rc = check_metadata(what, v, err))) goto done;
             continue;
         }
-        size_t kl = strlen(key);
-        if (kl == 0 || kl > MAX_NAME) { rc = kn_fail(err, KN_ERR_FORMAT, "tensor name is empty or longer than %d bytes", MAX_NAME); break; }
-        if ((rc = parse_entry(key, val, data, data_len, &t[n], err))) break;
-        if (!(t[n].name = strdup(key))) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); break; }
+        size_t klen = strlen(key);
+        if (klen == 0) {
+            rc = kn_fail(err, KN_ERR_FORMAT, "%s: tensor with an empty name", what);
+            goto done;
+        }
+        if (klen > KN_ST_NAME_MAX) {
+            rc = kn_fail(err, KN_ERR_FORMAT, "%s: tensor name \"%.64s...\" is %zu bytes, longer than %d", what,
+                         key, klen, KN_ST_NAME_MAX);
+            goto done;
+        }
+        if (n >= cap) { /* cannot happen: n counts keys of root */
+            rc = kn_fail(err, KN_ERR_INTERNAL, "%s: header object changed size while iterating", what);
+            goto done;
+        }
+        kn_st_tensor *ti = &t[n];
+        uint64_t begin = 0;
+        if ((rc = parse_entry(what, key, v, data, data_len, ti, &begin, err))) goto done;
+        ti->name = malloc(klen + 1);
+        if (!ti->name) {
+            rc = kn_fail(err, KN_ERR_NOMEM, "%s: out of memory", what);
+            goto done;
+        }
+        memcpy(ti->name, key, klen + 1);
+        r[n] = (st_range){.begin = begin, .end = begin + ti->nbytes, .idx = n};
         n++;
     }
-    json_decref(root);
-    if (!rc && n > 1) {
-        qsort(t, n, sizeof *t, cmp_offset);
-        for (size_t i = 1; i < n && !rc; i++) {
-            const uint8_t *prev_end = (const uint8_t *)t[i - 1].data + t[i - 1].nbytes;
-            if ((const uint8_t *)t[i].data < prev_end)
-                rc = kn_fail(err, KN_ERR_FORMAT, "tensors \"%.200s\" and \"%.200s\" overlap", t[i - 1].name, t[i].name);
+
+    /* Overlap: sort by begin; each non-empty range must start at or after the
+     * furthest end seen so far. */
+    if (n > 1) {
+        qsort(r, n, sizeof *r, cmp_range);
+        uint64_t max_end = 0;
+        size_t max_idx = 0;
+        int have = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (r[i].begin == r[i].end) continue; /* empty tensors occupy no bytes */
+            if (have && r[i].begin < max_end) {
+                rc = kn_fail(err, KN_ERR_FORMAT,
+                             "%s: tensors \"%.150s\" [%llu, %llu) and \"%.150s\" [%llu, %llu) overlap", what,
+                             t[max_idx].name, (unsigned long long)((const uint8_t *)t[max_idx].data - data),
+                             (unsigned long long)((const uint8_t *)t[max_idx].data - data) + t[max_idx].nbytes, t[r[i].idx].name,
+                             (unsigned long long)r[i].begin, (unsigned long long)r[i].end);
+                goto done;
+            }
+            if (!have || r[i].end > max_end) max_end = r[i].end, max_idx = r[i].idx;
+            have = 1;
+        }
+        qsort(t, n, sizeof *t, cmp_tensor_name);
+        for (size_t i = 1; i < n; i++) {
+            if (strcmp(t[i - 1].name, t[i].name) == 0) { /* JSON_REJECT_DUPLICATES already refuses this */
+                rc = kn_fail(err, KN_ERR_FORMAT, "%s: duplicate tensor \"%.200s\"", what, t[i].name);
+                goto done;
+            }
         }
     }
+
+done:
+    free(r);
+    json_decref(root);
     if (rc) {
         kn_st_tensors_free(t, n);
         return rc;
     }
-    qsort(t, n, sizeof *t, cmp_name);
+    if (n == 0) { /* a header with only __metadata__ (or {}) is a valid, empty file */
+        free(t);
+        t = NULL;
+    }
     *tensors = t;
     *n_tensors = n;
     return KN_OK;
 }
 
-/* ---- files ----------------------------------------------------------- */
+kn_code kn_st_parse(const uint8_t *buf, size_t len, kn_st_tensor **tensors, size_t *n_tensors, kn_error *err) {
+    if (!tensors || !n_tensors) return kn_fail(err, KN_ERR_INVALID_ARG, "kn_st_parse: NULL output pointer");
+    return parse_image(buf, len, "safetensors buffer", tensors, n_tensors, err);
+}
 
-static kn_code map_file(const char *path, st_mapping *m, kn_error *err) {
+/* ---- files ------------------------------------------------------------- */
+
+static kn_code map_file(const char *path, st_map *m, kn_error *err) {
+    m->addr = NULL;
+    m->len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kn_fail(err, errno == ENOENT ? KN_ERR_NOT_FOUND : KN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fd < 0) return kn_fail(err, KN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return kn_fail(err, KN_ERR_IO, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
         close(fd);
         return kn_fail(err, KN_ERR_IO, "%s is not a regular file", path);
     }
-    if (st.st_size < 8) {
+    if (sb.st_size < 8) {
         close(fd);
-        return kn_fail(err, KN_ERR_FORMAT, "%s: safetensors file is %lld bytes, too short", path, (long long)st.st_size);
+        return kn_fail(err, KN_ERR_FORMAT, "%s: %lld bytes, too short for the 8-byte header length", path,
+                       (long long)sb.st_size);
     }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
+        close(fd);
+        return kn_fail(err, KN_ERR_IO, "%s: %lld bytes do not fit the address space", path, (long long)sb.st_size);
+    }
+    size_t len = (size_t)sb.st_size;
+    void *addr = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
     close(fd);
-    if (p == MAP_FAILED) return kn_fail(err, KN_ERR_IO, "cannot map %s: %s", path, strerror(errno));
-    madvise(p, (size_t)st.st_size, MADV_WILLNEED);
-    m->map = p;
-    m->len = (size_t)st.st_size;
+    if (addr == MAP_FAILED) return kn_fail(err, KN_ERR_IO, "cannot mmap %s: %s", path, strerror(e));
+#ifdef MADV_WILLNEED
+    (void)madvise(addr, len, MADV_WILLNEED); /* a hint; failure is harmless */
+#endif
+    m->addr = addr;
+    m->len = len;
     return KN_OK;
+}
+
+static void unmap(st_map *m) {
+    if (m->addr) munmap(m->addr, m->len);
+    m->addr = NULL;
+    m->len = 0;
 }
 
 void kn_st_close(kn_safetensors *st) {
     if (!st) return;
     kn_st_tensors_free(st->tensors, st->n);
-    for (size_t i = 0; i < st->n_maps; i++) munmap(st->maps[i].map, st->maps[i].len);
+    for (size_t i = 0; i < st->n_maps; i++) unmap(&st->maps[i]);
     free(st->maps);
     free(st);
 }
 
-/* Map and parse one shard; appends its mapping to st. */
-static kn_code open_shard(kn_safetensors *st, const char *path, kn_st_tensor **t, size_t *n, kn_error *err) {
-    st_mapping m;
-    kn_code rc = map_file(path, &m, err);
+/* Map and parse one file into st (which must have room for one map). */
+static kn_code open_single(const char *path, kn_safetensors *st, kn_error *err) {
+    kn_code rc = map_file(path, &st->maps[0], err);
     if (rc) return rc;
-    st_mapping *nm = realloc(st->maps, (st->n_maps + 1) * sizeof *nm);
-    if (!nm) {
-        munmap(m.map, m.len);
-        return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    st->n_maps = 1;
+    return parse_image(st->maps[0].addr, st->maps[0].len, path, &st->tensors, &st->n, err);
+}
+
+static char *join_path(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + 1 + b + 1);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    size_t o = a;
+    if (a == 0 || dir[a - 1] != '/') p[o++] = '/';
+    memcpy(p + o, name, b + 1);
+    return p;
+}
+
+static kn_code read_small_file(const char *path, size_t max, char **out, size_t *out_len, kn_error *err) {
+    *out = NULL;
+    *out_len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kn_fail(err, KN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return kn_fail(err, KN_ERR_IO, "%s is not a readable regular file", path);
     }
-    st->maps = nm;
-    st->maps[st->n_maps++] = m;
-    rc = kn_st_parse(m.map, m.len, t, n, err);
-    if (rc) return kn_fail_wrap(err, "%s: invalid safetensors", path);
+    if (sb.st_size < 0 || (uint64_t)sb.st_size > max) {
+        close(fd);
+        return kn_fail(err, KN_ERR_FORMAT, "%s: %lld bytes, larger than the %zu-byte limit", path,
+                       (long long)sb.st_size, max);
+    }
+    size_t len = (size_t)sb.st_size;
+    char *buf = malloc(len + 1);
+    if (!buf) {
+        close(fd);
+        return kn_fail(err, KN_ERR_NOMEM, "out of memory reading %s", path);
+    }
+    size_t got = 0;
+    while (got < len) {
+        ssize_t k = read(fd, buf + got, len - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            int e = k < 0 ? errno : 0;
+            free(buf);
+            close(fd);
+            return kn_fail(err, KN_ERR_IO, "short read on %s%s%s", path, e ? ": " : "", e ? strerror(e) : "");
+        }
+        got += (size_t)k;
+    }
+    close(fd);
+    buf[len] = 0;
+    *out = buf;
+    *out_len = len;
     return KN_OK;
 }
 
-static kn_code open_single(kn_safetensors *st, const char *path, kn_error *err) {
-    return open_shard(st, path, &st->tensors, &st->n, err);
+typedef struct {
+    const char *tensor, *shard; /* point into the index JSON */
+    size_t shard_idx;
+} st_entry;
+
+static int cmp_str_ptr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static int valid_shard_name(const char *s) {
-    return s && *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..") && strlen(s) < 1024;
+static int valid_shard_name(const char *s, size_t jlen) {
+    size_t n = strlen(s);
+    return n > 0 && n == jlen && n <= KN_ST_SHARD_NAME_MAX && !strchr(s, '/') && !strchr(s, '\\') &&
+           !strstr(s, "..");
 }
 
-static kn_code open_index(kn_safetensors *st, const char *dir, const char *index_path, kn_error *err) {
-    char *text;
-    size_t len;
-    kn_code rc = kn_read_file(index_path, 64u << 20, &text, &len, err);
+static kn_code open_sharded(const char *dir, const char *index_path, kn_safetensors *st, kn_error *err) {
+    char *text = NULL;
+    size_t text_len = 0;
+    kn_code rc = read_small_file(index_path, KN_ST_INDEX_MAX, &text, &text_len, err);
     if (rc) return rc;
-    json_error_t je;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    json_error_t jerr;
+    json_t *root = json_loadb(text, text_len, JSON_REJECT_DUPLICATES, &jerr);
     free(text);
-    if (!root) return kn_fail(err, KN_ERR_FORMAT, "%s: invalid JSON: %s", index_path, je.text);
-    json_t *wm = json_object_get(root, "weight_map");
-    if (!json_is_object(wm) || json_object_size(wm) == 0) {
-        json_decref(root);
-        return kn_fail(err, KN_ERR_FORMAT, "%s: missing or empty \"weight_map\"", index_path);
+    if (!root)
+        return kn_fail(err, KN_ERR_FORMAT, "%s: not valid JSON: %s (line %d, column %d)", index_path, jerr.text,
+                       jerr.line, jerr.column);
+
+    st_entry *ents = NULL;
+    const char **shards = NULL;
+    kn_st_tensor **parsed = NULL; /* per shard */
+    size_t *n_parsed = NULL;
+    size_t n_ents = 0, n_shards = 0;
+    char *shard_path = NULL;
+
+    json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
+    if (!json_is_object(root)) {
+        rc = kn_fail(err, KN_ERR_FORMAT, "%s: not a JSON object", index_path);
+        goto done;
     }
-    /* distinct shard names, in first-seen order */
-    const char **shards = calloc(json_object_size(wm), sizeof *shards);
-    size_t n_shards = 0, total = 0;
-    kn_st_tensor **per = NULL;
-    size_t *per_n = NULL;
+    if (!wm) {
+        rc = kn_fail(err, KN_ERR_FORMAT, "%s: missing \"weight_map\"", index_path);
+        goto done;
+    }
+    if (!json_is_object(wm)) {
+        rc = kn_fail(err, KN_ERR_FORMAT, "%s: \"weight_map\" is not a JSON object", index_path);
+        goto done;
+    }
+    size_t cap = json_object_size(wm);
+    if (cap == 0) {
+        rc = kn_fail(err, KN_ERR_FORMAT, "%s: \"weight_map\" is empty", index_path);
+        goto done;
+    }
+    ents = calloc(cap, sizeof *ents);
+    shards = calloc(cap, sizeof *shards);
+    if (!ents || !shards) {
+        rc = kn_fail(err, KN_ERR_NOMEM, "%s: out of memory", index_path);
+        goto done;
+    }
     const char *key;
-    json_t *val;
-    if (!shards) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto out; }
-    json_object_foreach(wm, key, val) {
-        const char *s = json_string_value(val);
-        if (!valid_shard_name(s)) {
-            rc = kn_fail(err, KN_ERR_FORMAT, "%s: tensor \"%.200s\" maps to an invalid shard name", index_path, key);
-            goto out;
+    json_t *v;
+    json_object_foreach(wm, key, v) {
+        size_t klen = strlen(key);
+        if (klen == 0 || klen > KN_ST_NAME_MAX) {
+            rc = kn_fail(err, KN_ERR_FORMAT, "%s: weight_map has a tensor name of %zu bytes (must be 1..%d)",
+                         index_path, klen, KN_ST_NAME_MAX);
+            goto done;
         }
-        size_t i = 0;
-        while (i < n_shards && strcmp(shards[i], s)) i++;
-        if (i == n_shards) shards[n_shards++] = s;
-    }
-    per = calloc(n_shards, sizeof *per);
-    per_n = calloc(n_shards, sizeof *per_n);
-    if (!per || !per_n) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto out; }
-    for (size_t i = 0; i < n_shards; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, shards[i]);
-        if ((rc = open_shard(st, path, &per[i], &per_n[i], err))) goto out;
-    }
-    st->tensors = calloc(json_object_size(wm), sizeof *st->tensors);
-    if (!st->tensors) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto out; }
-    json_object_foreach(wm, key, val) {
-        const char *s = json_string_value(val);
-        size_t i = 0;
-        while (strcmp(shards[i], s)) i++;
-        kn_st_tensor probe = {.name = (char *)key};
-        kn_st_tensor *found = per_n[i] ? bsearch(&probe, per[i], per_n[i], sizeof probe, cmp_name) : NULL;
-        if (!found) {
-            rc = kn_fail(err, KN_ERR_FORMAT, "%s lists tensor \"%.200s\" in %s, which does not contain it", index_path, key, s);
-            goto out;
+        if (!json_is_string(v) || !valid_shard_name(json_string_value(v), json_string_length(v))) {
+            rc = kn_fail(err, KN_ERR_FORMAT,
+                         "%s: weight_map[\"%.200s\"]: invalid shard name: shard must be a non-empty file name "
+                         "without '/', '\\' or \"..\"",
+                         index_path, key);
+            goto done;
         }
-        st->tensors[total] = *found;
-        if (!(st->tensors[total].name = strdup(key))) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto out; }
-        total++;
-        st->n = total;
+        if (n_ents >= cap) {
+            rc = kn_fail(err, KN_ERR_INTERNAL, "%s: weight_map changed size while iterating", index_path);
+            goto done;
+        }
+        ents[n_ents].tensor = key;
+        ents[n_ents].shard = json_string_value(v);
+        shards[n_ents] = ents[n_ents].shard;
+        n_ents++;
     }
-    qsort(st->tensors, st->n, sizeof *st->tensors, cmp_name);
-out:
-    if (per)
-        for (size_t i = 0; i < n_shards; i++) kn_st_tensors_free(per[i], per_n[i]);
-    free(per), free(per_n), free(shards);
+
+    /* Distinct shards, sorted. */
+    qsort(shards, n_ents, sizeof *shards, cmp_str_ptr);
+    for (size_t i = 0; i < n_ents; i++)
+        if (n_shards == 0 || strcmp(shards[n_shards - 1], shards[i]) != 0) shards[n_shards++] = shards[i];
+    for (size_t i = 0; i < n_ents; i++) {
+        const char **hit = bsearch(&ents[i].shard, shards, n_shards, sizeof *shards, cmp_str_ptr);
+        ents[i].shard_idx = (size_t)(hit - shards); /* always found */
+    }
+
+    st->maps = calloc(n_shards, sizeof *st->maps);
+    parsed = calloc(n_shards, sizeof *parsed);
+    n_parsed = calloc(n_shards, sizeof *n_parsed);
+    st->tensors = calloc(n_ents, sizeof *st->tensors);
+    if (!st->maps || !parsed || !n_parsed || !st->tensors) {
+        rc = kn_fail(err, KN_ERR_NOMEM, "%s: out of memory", index_path);
+        goto done;
+    }
+    for (size_t s = 0; s < n_shards; s++) {
+        shard_path = join_path(dir, shards[s]);
+        if (!shard_path) {
+            rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        if ((rc = map_file(shard_path, &st->maps[s], err))) goto done;
+        st->n_maps = s + 1;
+        if ((rc = parse_image(st->maps[s].addr, st->maps[s].len, shard_path, &parsed[s], &n_parsed[s], err)))
+            goto done;
+        free(shard_path);
+        shard_path = NULL;
+    }
+
+    /* Move each listed tensor out of its shard's table. */
+    for (size_t i = 0; i < n_ents; i++) {
+        size_t s = ents[i].shard_idx;
+        kn_st_tensor *src = (kn_st_tensor *)find_sorted(parsed[s], n_parsed[s], ents[i].tensor);
+        if (!src || !src->name) {
+            rc = kn_fail(err, KN_ERR_FORMAT, "%s lists tensor \"%.200s\" in shard %s, which does not contain it",
+                         index_path, ents[i].tensor, shards[s]);
+            goto done;
+        }
+        st->tensors[st->n++] = *src;
+        /* keep src->name so later bsearches still work; ownership moves by
+         * copying the name */
+        st->tensors[st->n - 1].name = strdup(src->name);
+        if (!st->tensors[st->n - 1].name) {
+            st->n--;
+            rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+    }
+    qsort(st->tensors, st->n, sizeof *st->tensors, cmp_tensor_name);
+
+done:
+    free(shard_path);
+    if (parsed)
+        for (size_t s = 0; s < n_shards; s++) kn_st_tensors_free(parsed[s], n_parsed[s]);
+    free(parsed);
+    free(n_parsed);
+    free(shards);
+    free(ents);
     json_decref(root);
     return rc;
 }
 
-kn_code kn_st_open(const char *path, kn_safetensors **out, kn_error *err) {
+static int has_suffix(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Resolve a directory without an index to its one safetensors file. */
+static kn_code find_single(const char *dir, char **out, kn_error *err) {
     *out = NULL;
+    char *p = join_path(dir, KN_ST_SINGLE_NAME);
+    if (!p) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    struct stat sb;
+    if (stat(p, &sb) == 0) {
+        *out = p;
+        return KN_OK;
+    }
+    free(p);
+    DIR *d = opendir(dir);
+    if (!d) return kn_fail(err, KN_ERR_IO, "cannot read directory %s: %s", dir, strerror(errno));
+    char *found = NULL;
+    size_t count = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.' || !has_suffix(de->d_name, ".safetensors")) continue;
+        count++;
+        if (count == 1) {
+            found = join_path(dir, de->d_name);
+            if (!found) {
+                closedir(d);
+                return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+            }
+        }
+    }
+    closedir(d);
+    if (count == 1) {
+        *out = found;
+        return KN_OK;
+    }
+    free(found);
+    if (count == 0)
+        return kn_fail(err, KN_ERR_NOT_FOUND, "%s: no " KN_ST_INDEX_NAME ", " KN_ST_SINGLE_NAME " or other .safetensors file",
+                       dir);
+    return kn_fail(err, KN_ERR_NOT_FOUND,
+                   "%s: %zu .safetensors files but no " KN_ST_INDEX_NAME " saying how they fit together", dir,
+                   count);
+}
+
+kn_code kn_st_open(const char *path, kn_safetensors **out, kn_error *err) {
+    if (!out) return kn_fail(err, KN_ERR_INVALID_ARG, "kn_st_open: NULL output pointer");
+    *out = NULL;
+    if (!path || !*path) return kn_fail(err, KN_ERR_INVALID_ARG, "kn_st_open: empty path");
+    struct stat sb;
+    if (stat(path, &sb) != 0) return kn_fail(err, KN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+
     kn_safetensors *st = calloc(1, sizeof *st);
     if (!st) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     kn_code rc;
-    char p[4096];
-    if (!kn_is_dir(path)) {
-        rc = open_single(st, path, err);
-    } else if (snprintf(p, sizeof p, "%s/model.safetensors.index.json", path), kn_is_file(p)) {
-        rc = open_index(st, path, p, err);
-    } else if (snprintf(p, sizeof p, "%s/model.safetensors", path), kn_is_file(p)) {
-        rc = open_single(st, p, err);
-    } else {
-        /* exactly one *.safetensors file */
-        DIR *d = opendir(path);
-        int count = 0;
-        char found[1024] = "";
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            size_t l = strlen(e->d_name);
-            if (l > 12 && !strcmp(e->d_name + l - 12, ".safetensors") && l < sizeof found) {
-                count++;
-                memcpy(found, e->d_name, l + 1);
-            }
+    if (S_ISDIR(sb.st_mode)) {
+        char *index = join_path(path, KN_ST_INDEX_NAME);
+        if (!index) {
+            kn_st_close(st);
+            return kn_fail(err, KN_ERR_NOMEM, "out of memory");
         }
-        if (d) closedir(d);
-        if (count == 1) {
-            snprintf(p, sizeof p, "%s/%s", path, found);
-            rc = open_single(st, p, err);
+        struct stat ib;
+        if (stat(index, &ib) == 0) {
+            rc = open_sharded(path, index, st, err);
         } else {
-            rc = kn_fail(err, KN_ERR_NOT_FOUND,
-                         count ? "%s holds %d .safetensors files but no model.safetensors.index.json"
-                               : "%s has no model.safetensors (or index) file%.0d",
-                         path, count);
+            char *file = NULL;
+            rc = find_single(path, &file, err);
+            if (!rc) {
+                st->maps = calloc(1, sizeof *st->maps);
+                rc = st->maps ? open_single(file, st, err) : kn_fail(err, KN_ERR_NOMEM, "out of memory");
+            }
+            free(file);
         }
+        free(index);
+    } else {
+        st->maps = calloc(1, sizeof *st->maps);
+        rc = st->maps ? open_single(path, st, err) : kn_fail(err, KN_ERR_NOMEM, "out of memory");
     }
     if (rc) {
         kn_st_close(st);
@@ -326,11 +664,12 @@ kn_code kn_st_open(const char *path, kn_safetensors **out, kn_error *err) {
     return KN_OK;
 }
 
-size_t kn_st_count(const kn_safetensors *st) { return st->n; }
+size_t kn_st_count(const kn_safetensors *st) { return st ? st->n : 0; }
 
-const kn_st_tensor *kn_st_at(const kn_safetensors *st, size_t i) { return i < st->n ? &st->tensors[i] : NULL; }
+const kn_st_tensor *kn_st_at(const kn_safetensors *st, size_t i) {
+    return st && i < st->n ? &st->tensors[i] : NULL;
+}
 
 const kn_st_tensor *kn_st_find(const kn_safetensors *st, const char *name) {
-    kn_st_tensor probe = {.name = (char *)name};
-    return st->n ? bsearch(&probe, st->tensors, st->n, sizeof probe, cmp_name) : NULL;
+    return st ? find_sorted(st->tensors, st->n, name) : NULL;
 }

@@ -54,7 +54,9 @@ static kn_code cpu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_
     out->dtype = dt;
     out->rows = rows;
     out->cols = cols;
-    if (may_borrow) {
+    /* borrow in place only when aligned (kernels assume element alignment;
+     * a header whose length is not a multiple of 8 misaligns every tensor) */
+    if (may_borrow && ((uintptr_t)host & 63) == 0) {
         out->data = host;
         out->owned = 0;
         return KN_OK;

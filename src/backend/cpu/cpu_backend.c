@@ -106,13 +106,15 @@ static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w
     const int64_t N = w->rows;
     const int nt = be->n_threads;
     if (M <= 4) {
-        /* contiguous row ranges per thread: one sequential stream each */
-        int64_t per = ((N + nt - 1) / nt + 15) & ~(int64_t)15;
-#pragma omp parallel num_threads(nt)
-        {
-            int t = omp_get_thread_num();
-            int64_t n0 = t * per, n1 = n0 + per < N ? n0 + per : N;
-            if (n0 < n1) c->k->gemv(x, M, w, bias, out, n0, n1);
+        /* chunks of rows handed out dynamically: each chunk is one sequential
+         * stream, and a thread that gets less bandwidth simply takes fewer
+         * chunks instead of leaving the other waiting at the barrier */
+        const int64_t chunk = 256;
+        const int64_t n_chunks = (N + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int64_t ch = 0; ch < n_chunks; ch++) {
+            int64_t n0 = ch * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+            c->k->gemv(x, M, w, bias, out, n0, n1);
         }
         return;
     }

@@ -150,7 +150,7 @@ static void check_fixture(const char *name) {
     if (load_reference(dir, &ref)) return;
     kn_model *m;
     kn_error err = {0};
-    kn_model_options o = {.n_threads = 2};
+    kn_model_options o = {.n_threads = 2, .backend = getenv("KILN_TEST_BACKEND")};
     if (kn_model_open(dir, &o, &m, &err)) {
         CHECK(0, "%s: open: %s", name, err.msg);
         return;
@@ -222,6 +222,17 @@ out:
 }
 
 int main(int argc, char **argv) {
+    const char *be_name = getenv("KILN_TEST_BACKEND");
+    if (be_name) { /* a backend that cannot start here (no GPU) is a skip, said out loud */
+        kn_backend *be;
+        kn_error err = {0};
+        if (kn_backend_create(be_name, 1, &be, &err) != KN_OK) {
+            printf("test_parity: SKIP backend %s: %s\n", be_name, err.msg);
+            return 77;
+        }
+        kn_backend_destroy(be);
+        printf("test_parity: backend %s\n", be_name);
+    }
     static const char *const fixtures[] = {"llama", "llama_linear", "llama3", "llama_yarn", "mistral",
                                            "qwen2", "qwen3",        "phi3",   "llama_bf16"};
     if (argc > 1) {

@@ -102,9 +102,11 @@ typedef struct kn_backend_vtbl {
 struct kn_backend {
     const kn_backend_vtbl *vt;
     int n_threads;
+    int max_positions; /* longest sequence attention supports; 0 = unlimited */
 };
 
-/* Create a backend by name ("cpu"). n_threads 0 = all cores. */
+/* Create a backend by name ("cpu", or "cuda" in builds with KILN_CUDA).
+ * n_threads 0 = all cores. */
 kn_code kn_backend_create(const char *name, int n_threads, kn_backend **out, kn_error *err);
 void kn_backend_destroy(kn_backend *be);
 

@@ -55,7 +55,7 @@ uint16_t kn_f32_to_f16(float f);
 /* Element i of a float array of dtype dt (F32/BF16/F16) as float; 0 for other dtypes. */
 /* p need not be aligned: safetensors data offsets carry no alignment promise. */
 static inline float kn_load_f32(const void *p, kn_dtype dt, int64_t i) {
-    const unsigned char *c = p;
+    const unsigned char *c = (const unsigned char *)p;
     float f;
     uint16_t h;
     switch (dt) {

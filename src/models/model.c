@@ -26,6 +26,15 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
     }
     int ctx = o.max_context > 0 ? o.max_context : cfg.max_position_embeddings;
     if (o.max_context <= 0 && ctx > 16384) ctx = 16384;
+    if (be->max_positions > 0 && ctx > be->max_positions) {
+        if (o.max_context > 0) {
+            kn_backend_destroy(be);
+            kn_st_close(st);
+            return kn_fail(err, KN_ERR_UNSUPPORTED, "context %d exceeds the %s backend's limit of %d positions", ctx,
+                           be->vt->name, be->max_positions);
+        }
+        ctx = be->max_positions;
+    }
     kn_tensor_source src = {.find = st_find, .ctx = st, .outlives_model = 1};
     kn_model *m;
     if ((rc = kn_model_build(&cfg, &src, be, ctx, 1, &m, err))) {

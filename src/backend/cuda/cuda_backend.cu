@@ -121,19 +121,58 @@ __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, i
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = w[j] * (xi[j] * inv);
 }
 
-/* warp per output column n, up to 8 x rows */
-__global__ void k_gemv(const float *x, int M, const void *w, int dt, int64_t N, int64_t K, const float *bias,
-                       float *out) {
-    extern __shared__ float xs[]; /* M * K */
-    for (int64_t i = threadIdx.x; i < (int64_t)M * K; i += blockDim.x) xs[i] = x[i];
-    __syncthreads();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
+/* Decode-shaped matmul: one warp per output column n, up to 8 x rows read
+ * through L1 (x is tiny and shared by every warp). Weights stream with 16-byte
+ * loads (8 bf16/f16 or 4 f32 per lane per step) when rows are 16-byte aligned
+ * (K % 8 == 0), else one element per lane. */
+#define GEMV_MAX_M 8
+template <int DT>
+__device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
+    uint4 u = *(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2));
+    if (DT == KN_DT_F32) {
+        f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+        return;
+    }
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+    for (int j = 0; j < 4; j++) {
+        if (DT == KN_DT_BF16) {
+            f[2 * j] = __uint_as_float(v[j] << 16);
+            f[2 * j + 1] = __uint_as_float(v[j] & 0xffff0000u);
+        } else {
+            __half2 h = *(const __half2 *)&v[j];
+            float2 ff = __half22float2(h);
+            f[2 * j] = ff.x, f[2 * j + 1] = ff.y;
+        }
+    }
+}
+
+template <int DT>
+__global__ void k_gemv(const float *x, int M, const void *w, int64_t N, int64_t K, const float *bias, float *out) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
     if (n >= N) return;
-    float acc[8] = {0};
-    for (int64_t k = lane; k < K; k += 32) {
-        float wv = load_w(w, n * K + k, dt);
-        for (int m = 0; m < M; m++) acc[m] += xs[m * K + k] * wv;
+    float acc[GEMV_MAX_M];
+    for (int m = 0; m < GEMV_MAX_M; m++) acc[m] = 0.0f;
+    const int per = DT == KN_DT_F32 ? 4 : 8; /* elements per 16-byte load */
+    const int64_t row = n * K;
+    int64_t k = 0;
+    if (K % 8 == 0) {
+#pragma unroll 4 /* several 16-byte loads in flight per lane */
+        for (k = (int64_t)lane * per; k + per <= K; k += 32 * per) {
+            float f[8];
+            load8w<DT>(w, row + k, f);
+            for (int m = 0; m < M; m++) {
+                const float *xm = x + (int64_t)m * K + k;
+                float s = 0.0f;
+                for (int j = 0; j < per; j++) s += f[j] * __ldg(xm + j);
+                acc[m] += s;
+            }
+        }
+    } else {
+        for (k = lane; k < K; k += 32) {
+            float wv = load_w(w, row + k, DT);
+            for (int m = 0; m < M; m++) acc[m] += __ldg(x + (int64_t)m * K + k) * wv;
+        }
     }
     for (int m = 0; m < M; m++) {
         float v = acc[m];
@@ -287,11 +326,15 @@ static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, 
     k_rms_norm<<<rows * groups, dim >= 256 ? 256 : 64, 0, S>>>(x, xs, out, os, groups, dim, w, eps);
 }
 static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
-    size_t smem = (size_t)M * w->cols * sizeof(float);
-    if (M <= 8 && smem <= 48 * 1024) {
-        int warps = 8;
-        k_gemv<<<(unsigned)((w->rows + warps - 1) / warps), warps * 32, smem, S>>>(x, M, w->data, w->dtype, w->rows,
-                                                                                   w->cols, bias, out);
+    if (M <= GEMV_MAX_M) {
+        const int warps = 8;
+        unsigned blocks = (unsigned)((w->rows + warps - 1) / warps);
+        if (w->dtype == KN_DT_BF16)
+            k_gemv<KN_DT_BF16><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
+        else if (w->dtype == KN_DT_F16)
+            k_gemv<KN_DT_F16><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
+        else
+            k_gemv<KN_DT_F32><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
     } else {
         dim3 grid((unsigned)((w->rows + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
         k_gemm<<<grid, 256, 0, S>>>(x, M, w->data, w->dtype, w->rows, w->cols, bias, out);

@@ -2,7 +2,8 @@
  * independently, at many shapes (odd sizes, GQA ratios 1/4/8, head dims
  * 64/128/256, windows, paged block tables out of order), for every weight
  * dtype. Outputs are poisoned with NaN before each run; a NaN never passes.
- * The CUDA backend will be checked by the same harness. */
+ * KILN_TEST_BACKEND=cuda runs the same checks on the GPU (inputs uploaded,
+ * results downloaded). */
 #include <string.h>
 
 #include "backend/backend.h"
@@ -10,6 +11,23 @@
 
 static kn_backend *be;
 static uint64_t seed = 42;
+
+/* Inputs go to backend memory and results come back, so the same checks run
+ * on every backend (CPU: plain copies; CUDA: device buffers). */
+static void *dev(const void *host, size_t bytes) {
+    void *d = kn_be_alloc(be, bytes);
+    if (!d) {
+        fprintf(stderr, "test_ops: backend allocation of %zu bytes failed\n", bytes);
+        exit(1);
+    }
+    if (host) kn_be_upload(be, d, host, bytes);
+    return d;
+}
+static void back(void *host, void *d, size_t bytes) {
+    kn_be_sync(be);
+    kn_be_download(be, host, d, bytes);
+    kn_be_free(be, d);
+}
 
 static void fill(float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = kn_test_rand(&seed) * scale;
@@ -40,7 +58,10 @@ static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
     kn_error err = {0};
     CHECK(kn_be_weight_load(be, dt, N, K, wraw, 0, &w, &err) == KN_OK, "weight_load: %s", err.msg);
     poison(out, (int64_t)M * N);
-    be->vt->matmul(be, x, M, &w, with_bias ? bias : NULL, out);
+    float *dx = dev(x, (size_t)M * K * 4), *db = dev(bias, (size_t)N * 4), *dout = dev(out, (size_t)M * N * 4);
+    be->vt->matmul(be, dx, M, &w, with_bias ? db : NULL, dout);
+    back(out, dout, (size_t)M * N * 4);
+    kn_be_free(be, dx), kn_be_free(be, db);
     int bad = 0;
     for (int m = 0; m < M && bad < 3; m++)
         for (int n = 0; n < N && bad < 3; n++) {
@@ -65,7 +86,10 @@ static void test_rms_norm(int rows, int groups, int dim) {
     fill(x, rows * stride, 3.0f);
     fill(w, dim, 1.0f);
     poison(out, rows * stride);
-    be->vt->rms_norm(be, x, stride, out, stride, rows, groups, dim, w, 1e-5f);
+    float *dx = dev(x, (size_t)(rows * stride) * 4), *dw = dev(w, (size_t)dim * 4), *dout = dev(out, (size_t)(rows * stride) * 4);
+    be->vt->rms_norm(be, dx, stride, dout, stride, rows, groups, dim, dw, 1e-5f);
+    back(out, dout, (size_t)(rows * stride) * 4);
+    kn_be_free(be, dx), kn_be_free(be, dw);
     for (int r = 0; r < rows; r++)
         for (int g = 0; g < groups; g++) {
             double ss = 0;
@@ -93,8 +117,12 @@ static void test_rope(int n_tokens, int n_heads, int head_dim, int rot_dim, floa
     for (int t = 0; t < n_tokens; t++) pos[t] = t * 37 % 1000;
     fill(x, n_tokens * stride, 1.0f);
     memcpy(orig, x, (size_t)(n_tokens * stride) * 4);
-    kn_rope_table rt = {.rot_dim = rot_dim, .attn_scale = scale, .inv_freq = inv_freq};
-    be->vt->rope(be, x, stride, n_tokens, n_heads, head_dim, pos, &rt);
+    float *dfreq = dev(inv_freq, sizeof inv_freq), *dx = dev(x, (size_t)(n_tokens * stride) * 4);
+    int32_t *dpos = dev(pos, sizeof pos);
+    kn_rope_table rt = {.rot_dim = rot_dim, .attn_scale = scale, .inv_freq = dfreq};
+    be->vt->rope(be, dx, stride, n_tokens, n_heads, head_dim, dpos, &rt);
+    back(x, dx, (size_t)(n_tokens * stride) * 4);
+    kn_be_free(be, dfreq), kn_be_free(be, dpos);
     int half = rot_dim / 2;
     for (int t = 0; t < n_tokens; t++)
         for (int h = 0; h < n_heads; h++) {
@@ -152,9 +180,17 @@ static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, in
     fill(q, n_tok * qs, 1.0f);
     poison(out, (int64_t)n_tok * n_heads * hd);
     float scale = 1.0f / sqrtf((float)hd);
-    kn_attention_args a = {.q = q, .q_stride = qs, .out = out, .n_tokens = n_tok, .n_heads = n_heads, .scale = scale,
-                           .window = window, .pos = pos, .seq = seq, .block_tables = bt, .max_blocks = max_blocks, .kv = &kv};
+    size_t kvb = (size_t)nblocks * bs * slot_w * 4;
+    kn_kv_layer dkv = kv;
+    dkv.k = dev(kv.k, kvb), dkv.v = dev(kv.v, kvb);
+    float *dq = dev(q, (size_t)(n_tok * qs) * 4), *dout = dev(out, (size_t)n_tok * n_heads * hd * 4);
+    int32_t *dpos = dev(pos, sizeof pos), *dseq = dev(seq, sizeof seq), *dbt = dev(bt, (size_t)2 * max_blocks * 4);
+    kn_attention_args a = {.q = dq, .q_stride = qs, .out = dout, .n_tokens = n_tok, .n_heads = n_heads, .scale = scale,
+                           .window = window, .pos = dpos, .seq = dseq, .block_tables = dbt, .max_blocks = max_blocks, .kv = &dkv};
     be->vt->attention(be, &a);
+    back(out, dout, (size_t)n_tok * n_heads * hd * 4);
+    kn_be_free(be, dkv.k), kn_be_free(be, dkv.v), kn_be_free(be, dq), kn_be_free(be, dpos), kn_be_free(be, dseq),
+        kn_be_free(be, dbt);
     double *sc = malloc((size_t)(len0 > len1 ? len0 : len1) * sizeof(double));
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_heads; h++) {
@@ -190,7 +226,10 @@ static void test_swiglu_softmax_embed(void) {
     float *gu = malloc((size_t)rows * 2 * dim * 4), *out = malloc((size_t)rows * dim * 4);
     fill(gu, rows * 2 * dim, 6.0f);
     poison(out, rows * dim);
-    be->vt->swiglu(be, gu, rows, dim, out);
+    float *dgu = dev(gu, (size_t)rows * 2 * dim * 4), *dout = dev(out, (size_t)rows * dim * 4);
+    be->vt->swiglu(be, dgu, rows, dim, dout);
+    back(out, dout, (size_t)rows * dim * 4);
+    kn_be_free(be, dgu);
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < dim; j++) {
             double g = gu[r * 2 * dim + j], u = gu[r * 2 * dim + dim + j], ref = g / (1 + exp(-g)) * u;
@@ -201,7 +240,9 @@ static void test_swiglu_softmax_embed(void) {
     fill(sm, 150, 20.0f);
     float orig[150];
     memcpy(orig, sm, sizeof sm);
-    be->vt->softmax(be, sm, 3, 50);
+    float *dsm = dev(sm, sizeof sm);
+    be->vt->softmax(be, dsm, 3, 50);
+    back(sm, dsm, sizeof sm);
     for (int r = 0; r < 3; r++) {
         double mx = -1e300, sum = 0;
         for (int j = 0; j < 50; j++) mx = orig[r * 50 + j] > mx ? orig[r * 50 + j] : mx;
@@ -214,11 +255,18 @@ static void test_swiglu_softmax_embed(void) {
     /* embed from bf16 table, and ids out of range are zero rows, not reads out of bounds */
     uint16_t table[5 * 4];
     for (int i = 0; i < 20; i++) table[i] = kn_f32_to_bf16((float)i * 0.25f);
-    kn_weight t = {.dtype = KN_DT_BF16, .rows = 5, .cols = 4, .data = table};
+    kn_weight t;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load(be, KN_DT_BF16, 5, 4, table, 0, &t, &err) == KN_OK, "embed table: %s", err.msg);
     int32_t ids[3] = {4, 0, 9};
     float e[12];
     poison(e, 12);
-    be->vt->embed(be, &t, ids, 3, e);
+    int32_t *dids = dev(ids, sizeof ids);
+    float *de = dev(e, sizeof e);
+    be->vt->embed(be, &t, dids, 3, de);
+    back(e, de, sizeof e);
+    kn_be_free(be, dids);
+    kn_be_weight_free(be, &t);
     for (int j = 0; j < 4; j++) {
         CHECK(e[j] == (16 + j) * 0.25f, "embed row 4");
         CHECK(e[4 + j] == j * 0.25f, "embed row 0");
@@ -229,10 +277,16 @@ static void test_swiglu_softmax_embed(void) {
 
 int main(void) {
     kn_error err = {0};
-    if (kn_backend_create("cpu", 2, &be, &err)) {
+    const char *name = getenv("KILN_TEST_BACKEND");
+    if (kn_backend_create(name ? name : "cpu", 2, &be, &err)) {
+        if (name) { /* e.g. cuda on a machine without a GPU: a skip, said out loud */
+            printf("test_ops: SKIP backend %s: %s\n", name, err.msg);
+            return 77;
+        }
         fprintf(stderr, "backend: %s\n", err.msg);
         return 1;
     }
+    printf("test_ops: backend %s\n", be->vt->name);
     kn_dtype dts[3] = {KN_DT_F32, KN_DT_BF16, KN_DT_F16};
     int Ms[] = {1, 2, 3, 5, 6, 7, 13, 64}, Ns[] = {1, 15, 16, 17, 64, 100}, Ks[] = {1, 7, 8, 64, 300};
     for (int d = 0; d < 3; d++)

@@ -17,8 +17,6 @@
 #include "io/hf_path.h"
 #include "models/model.h"
 
-void kn_model_free_internal(kn_model *m);
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -172,7 +170,7 @@ int kn_cmd_bench(int argc, char **argv) {
                    r.prefill_tps, r.gflops_prefill, gen, batch, r.decode_tps, r.floor_tps,
                    100.0 * r.decode_tps / r.floor_tps);
     }
-    kn_model_free_internal(m);
+    kn_model_close(m);
     kn_synthetic_free(syn);
     return rc ? kn_cli_error(&err) : 0;
 }

@@ -28,7 +28,7 @@ static kn_code open_model(const char *arg, const kn_cli_common *c, kn_model **m,
 int kn_cmd_run(int argc, char **argv) {
     kn_cli_common common = {0};
     const char *model = NULL, *ids_arg = NULL;
-    int have_n = 0, have_temp = 0, have_tk = 0, have_tp = 0, have_mp = 0, ignore_eos = 0;
+    int have_temp = 0, have_tk = 0, have_tp = 0, have_mp = 0, ignore_eos = 0;
     long n = 32, top_k = 0;
     double temp = 0, top_p = 1, min_p = 0;
     uint64_t seed = 0;
@@ -42,7 +42,7 @@ int kn_cmd_run(int argc, char **argv) {
         int takes = 1;
         kn_code rc = KN_OK;
         if (!strcmp(a, "--ids")) ids_arg = v;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) rc = kn_parse_int(a, v, 0, 1 << 24, &n, &err), have_n = 1;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) rc = kn_parse_int(a, v, 0, 1 << 24, &n, &err);
         else if (!strcmp(a, "--temp") || !strcmp(a, "--temperature")) rc = kn_parse_float(a, v, 0, 100, &temp, &err), have_temp = 1;
         else if (!strcmp(a, "--top-p")) rc = kn_parse_float(a, v, 0, 1, &top_p, &err), have_tp = 1;
         else if (!strcmp(a, "--top-k")) rc = kn_parse_int(a, v, 0, 1 << 24, &top_k, &err), have_tk = 1;
@@ -58,7 +58,6 @@ int kn_cmd_run(int argc, char **argv) {
         if (rc) return kn_cli_error(&err);
         i += takes;
     }
-    (void)have_n;
     if (!model) return kn_cli_usage_error("run: missing MODEL");
     if (!ids_arg) return kn_cli_usage_error("run: give the prompt as --ids 1,2,3");
     int32_t *ids;

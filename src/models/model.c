@@ -6,8 +6,6 @@
 
 #include "models/model.h"
 
-void kn_model_free_internal(kn_model *m);
-
 static const kn_st_tensor *st_find(void *ctx, const char *name) { return kn_st_find(ctx, name); }
 
 kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **out, kn_error *err) {

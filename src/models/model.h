@@ -66,6 +66,10 @@ typedef struct {
 kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, kn_backend *be, int max_context,
                        int max_seqs, kn_model **out, kn_error *err);
 
+/* Free everything the model owns (its backend, checkpoint mapping, KV pool);
+ * NULL is a no-op. kn_model_close is the public name. */
+void kn_model_free_internal(kn_model *m);
+
 /* Run one batch; logits (host, n_logits x vocab) may be NULL when n_logits 0.
  * The caller must have reserved KV blocks for every (seq, pos) in the batch. */
 kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err);

@@ -123,8 +123,9 @@ __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, i
 
 /* Decode-shaped matmul: one warp per output column n, up to 8 x rows read
  * through L1 (x is tiny and shared by every warp). Weights stream with 16-byte
- * loads (8 bf16/f16 or 4 f32 per lane per step) when rows are 16-byte aligned
- * (K % 8 == 0), else one element per lane. */
+ * loads (8 bf16/f16 or 4 f32 per lane per step), x with float4 loads, when
+ * rows are 16-byte aligned (K % 8 == 0, aligned bases), else one element per
+ * lane. */
 #define GEMV_MAX_M 8
 template <int DT>
 __device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
@@ -156,15 +157,19 @@ __global__ void k_gemv(const float *x, int M, const void *w, int64_t N, int64_t 
     const int per = DT == KN_DT_F32 ? 4 : 8; /* elements per 16-byte load */
     const int64_t row = n * K;
     int64_t k = 0;
-    if (K % 8 == 0) {
+    if (K % 8 == 0 && (((uintptr_t)x | (uintptr_t)w) & 15) == 0) {
 #pragma unroll 4 /* several 16-byte loads in flight per lane */
         for (k = (int64_t)lane * per; k + per <= K; k += 32 * per) {
             float f[8];
             load8w<DT>(w, row + k, f);
-            for (int m = 0; m < M; m++) {
-                const float *xm = x + (int64_t)m * K + k;
-                float s = 0.0f;
-                for (int j = 0; j < per; j++) s += f[j] * __ldg(xm + j);
+            for (int m = 0; m < M; m++) { /* x in 16-byte loads too: 1 load per 4 weights, not 4 */
+                const float4 *xm = (const float4 *)(x + (int64_t)m * K + k);
+                float4 a = __ldg(xm);
+                float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
+                if (per == 8) {
+                    float4 b = __ldg(xm + 1);
+                    s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
+                }
                 acc[m] += s;
             }
         }

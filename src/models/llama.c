@@ -218,6 +218,7 @@ static void free_model_memory(kn_model *m) {
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) kn_be_free(be, scratch[i]);
     int32_t *idx[] = {m->d_tokens, m->d_pos, m->d_seq, m->d_slots, m->d_bt, m->d_rows};
     for (size_t i = 0; i < sizeof idx / sizeof *idx; i++) kn_be_free(be, idx[i]);
+    free(m->h_bt);
     kn_kv_pool_destroy(m->kv);
 }
 
@@ -297,8 +298,9 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
     m->d_tokens = kn_be_alloc(be, T * 4), m->d_pos = kn_be_alloc(be, T * 4), m->d_seq = kn_be_alloc(be, T * 4);
     m->d_slots = kn_be_alloc(be, T * 4), m->d_rows = kn_be_alloc(be, T * 4);
     m->d_bt = kn_be_alloc(be, (size_t)max_seqs * (size_t)m->max_blocks * 4);
+    m->h_bt = malloc((size_t)max_seqs * (size_t)m->max_blocks * 4);
     if (!m->x || !m->xn || !m->tmp || !m->qkv || !m->attn || !m->gu || !m->act || !m->logits || !m->d_tokens ||
-        !m->d_pos || !m->d_seq || !m->d_slots || !m->d_rows || !m->d_bt) {
+        !m->d_pos || !m->d_seq || !m->d_slots || !m->d_rows || !m->d_bt || !m->h_bt) {
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for activations");
         goto fail;
     }
@@ -345,12 +347,11 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
         slots[t] = kn_kv_seq_slot(m->kv, s, b->pos[t]);
     }
     /* block tables, one row per sequence */
-    int32_t *bt_host = calloc((size_t)b->n_seqs * (size_t)m->max_blocks, sizeof(int32_t));
-    if (!bt_host) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    int32_t *bt_host = m->h_bt;
+    memset(bt_host, 0, (size_t)b->n_seqs * (size_t)m->max_blocks * sizeof(int32_t));
     for (int s = 0; s < b->n_seqs; s++)
         memcpy(bt_host + (size_t)s * m->max_blocks, b->seqs[s]->blocks, (size_t)b->seqs[s]->n_blocks * 4);
     kn_be_upload(be, m->d_bt, bt_host, (size_t)b->n_seqs * (size_t)m->max_blocks * 4);
-    free(bt_host);
     kn_be_upload(be, m->d_tokens, b->tokens, (size_t)n * 4);
     kn_be_upload(be, m->d_pos, b->pos, (size_t)n * 4);
     kn_be_upload(be, m->d_seq, b->seq, (size_t)n * 4);

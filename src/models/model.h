@@ -48,6 +48,7 @@ struct kn_model {
     float *x, *xn, *qkv, *attn, *gu, *act, *tmp, *logits;
     int logits_rows; /* rows of the logits scratch */
     int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows;
+    int32_t *h_bt; /* host staging for block tables [max_seqs, max_blocks] */
     int max_blocks;
     char desc[256];
 };

@@ -11,15 +11,10 @@
  *                   scores in shared memory, exact softmax
  * Faster paths (cuBLASLt GEMM, split-K flash-decode, CUDA graphs) build on
  * this interface without changing it. */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-extern "C" {
-#include "backend/backend.h"
-}
+#include "backend/cuda/cuda_internal.h"
 
 typedef struct {
     kn_backend base;
@@ -29,15 +24,13 @@ typedef struct {
 
 static cuda_backend *cu(kn_backend *be) { return (cuda_backend *)be; }
 
-static void check(cudaError_t e, const char *what) {
+void kn_cuda_check(cudaError_t e, const char *what) {
     if (e != cudaSuccess) fprintf(stderr, "kiln: cuda %s: %s\n", what, cudaGetErrorString(e));
 }
+#define check kn_cuda_check
+#define load_w kn_cuda_load_w
 
-__device__ __forceinline__ float load_w(const void *w, int64_t i, int dt) {
-    if (dt == KN_DT_F32) return ((const float *)w)[i];
-    if (dt == KN_DT_BF16) return __bfloat162float(((const __nv_bfloat16 *)w)[i]);
-    return __half2float(((const __half *)w)[i]);
-}
+cudaStream_t kn_cuda_stream(kn_backend *be) { return cu(be)->stream; }
 
 /* ---- memory ---------------------------------------------------------- */
 

@@ -25,6 +25,10 @@
 
 typedef struct kn_backend kn_backend;
 
+/* GELU forms: exact (erf) as torch's nn.GELU(), or the tanh approximation
+ * (gelu_pytorch_tanh / gelu_new). */
+enum { KN_GELU_ERF = 0, KN_GELU_TANH = 1 };
+
 /* A weight matrix [rows, cols] owned by the backend (or borrowed from a
  * mapping that outlives it, see owned). */
 typedef struct {
@@ -91,6 +95,14 @@ typedef struct kn_backend_vtbl {
                      int n_tokens, const int32_t *slots);
     void (*attention)(kn_backend *be, const kn_attention_args *a);
     void (*swiglu)(kn_backend *be, const float *gate_up, int rows, int dim, float *out);
+    /* LayerNorm over each row of dim: (x - mean) / sqrt(var + eps) * w + b
+     * (w, b may be NULL: 1 and 0). */
+    void (*layer_norm)(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,
+                       int dim, const float *w, const float *b, float eps);
+    /* out[i] = gelu(x[i]) (out may equal x); approx KN_GELU_ERF or KN_GELU_TANH. */
+    void (*gelu)(kn_backend *be, const float *x, int64_t n, float *out, int approx);
+    /* gate_up [rows, 2*dim] (gate | up) -> out [rows, dim] = gelu(gate) * up */
+    void (*geglu)(kn_backend *be, const float *gate_up, int rows, int dim, float *out, int approx);
     void (*add)(kn_backend *be, float *y, const float *x, int64_t n);
     void (*gather_rows)(kn_backend *be, const float *x, int64_t dim, const int32_t *rows, int n, float *out);
     void (*softmax)(kn_backend *be, float *x, int rows, int dim);

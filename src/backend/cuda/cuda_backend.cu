@@ -281,6 +281,38 @@ __global__ void k_swiglu(const float *gu, int64_t n_total, int dim, float *out) 
     out[i] = g / (1.0f + expf(-g)) * u;
 }
 
+__global__ void k_layer_norm(const float *x, int64_t xs, float *out, int64_t os, int dim, const float *w,
+                             const float *b, float eps) {
+    __shared__ float sh[32];
+    const float *xi = x + blockIdx.x * xs;
+    float *oi = out + blockIdx.x * os;
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) s += xi[j];
+    float mean = block_sum(s, sh) / dim;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (xi[j] - mean) * (xi[j] - mean);
+    float inv = rsqrtf(block_sum(ss, sh) / dim + eps);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        oi[j] = (w ? w[j] : 1.0f) * ((xi[j] - mean) * inv) + (b ? b[j] : 0.0f);
+}
+
+__device__ __forceinline__ float gelu_f(float v, int approx) {
+    if (approx == KN_GELU_TANH) return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    return 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+}
+
+__global__ void k_gelu(const float *x, int64_t n, float *out, int approx) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = gelu_f(x[i], approx);
+}
+
+__global__ void k_geglu(const float *gu, int64_t n_total, int dim, float *out, int approx) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_total) return;
+    int64_t r = i / dim, j = i % dim;
+    out[i] = gelu_f(gu[r * 2 * dim + j], approx) * gu[r * 2 * dim + dim + j];
+}
+
 __global__ void k_add(float *y, const float *x, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
@@ -359,6 +391,17 @@ static void cu_swiglu(kn_backend *be, const float *gu, int rows, int dim, float 
     int64_t n = (int64_t)rows * dim;
     k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(gu, n, dim, out);
 }
+static void cu_layer_norm(kn_backend *be, const float *x, int64_t xs, float *out, int64_t os, int rows, int dim,
+                          const float *w, const float *b, float eps) {
+    k_layer_norm<<<rows, dim >= 256 ? 256 : 64, 0, S>>>(x, xs, out, os, dim, w, b, eps);
+}
+static void cu_gelu(kn_backend *be, const float *x, int64_t n, float *out, int approx) {
+    k_gelu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(x, n, out, approx);
+}
+static void cu_geglu(kn_backend *be, const float *gu, int rows, int dim, float *out, int approx) {
+    int64_t n = (int64_t)rows * dim;
+    k_geglu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(gu, n, dim, out, approx);
+}
 static void cu_add(kn_backend *be, float *y, const float *x, int64_t n) {
     k_add<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(y, x, n);
 }
@@ -391,7 +434,7 @@ static double cu_read_bandwidth(kn_backend *be) {
 
 static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
-    cu_embed, cu_rms_norm, cu_matmul, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_add, cu_gather, cu_softmax,
+    cu_embed, cu_rms_norm, cu_matmul, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
     cu_read_bandwidth,
 };
 

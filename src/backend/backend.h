@@ -109,12 +109,27 @@ typedef struct kn_backend_vtbl {
     /* measurement: sustained memory read bandwidth in bytes/s (the floor
      * that memory-bound decode is compared against) */
     double (*read_bandwidth)(kn_backend *be);
+    /* Optional launch-free replay (NULL where a backend has none). A forward
+     * of one batch shape (key) is recorded once and then replayed with new
+     * index data. graph_replay: 1 if key was recorded and has been launched.
+     * graph_begin: 1 if the ops enqueued until graph_end are being recorded
+     * (not executed yet), 0 if they run eagerly (first sight of the key).
+     * graph_end: launches the recording; 0 if recording failed, and then the
+     * caller must enqueue the ops again (they will run eagerly). Index arrays
+     * and scratch pointers used inside must stay fixed for a key. */
+    int (*graph_replay)(kn_backend *be, uint64_t key);
+    int (*graph_begin)(kn_backend *be, uint64_t key);
+    int (*graph_end)(kn_backend *be, uint64_t key);
 } kn_backend_vtbl;
 
 struct kn_backend {
     const kn_backend_vtbl *vt;
     int n_threads;
     int max_positions; /* longest sequence attention supports; 0 = unlimited */
+    /* matmuls of at least this many rows may round x to the weight's 16-bit
+     * dtype before multiplying (tensor-core GEMM); 0 = x is always used in
+     * float32. Tests build their reference accordingly. */
+    int matmul_x_rounding_min_rows;
 };
 
 /* Create a backend by name ("cpu", or "cuda" in builds with KILN_CUDA).

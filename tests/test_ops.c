@@ -382,6 +382,33 @@ static void test_gelu_geglu(int approx) {
     free(x), free(out);
 }
 
+static void test_argmax(void) {
+    int rows = 6, dim = 1000;
+    float *x = malloc((size_t)rows * dim * 4);
+    fill(x, (int64_t)rows * dim, 5.0f);
+    x[0 * dim + 999] = 50.0f;                       /* last element wins */
+    x[1 * dim + 0] = 50.0f;                         /* first element wins */
+    x[2 * dim + 400] = x[2 * dim + 700] = 50.0f;    /* tie: the lower index */
+    x[3 * dim + 10] = NAN, x[3 * dim + 20] = 50.0f; /* NaN never wins */
+    for (int j = 0; j < dim; j++) x[4 * dim + j] = -INFINITY;
+    int32_t want[6] = {999, 0, 400, 20, 0, -1};
+    {
+        int best = 0;
+        for (int j = 1; j < dim; j++)
+            if (x[5 * dim + j] > x[5 * dim + best]) best = j;
+        want[5] = best;
+    }
+    int32_t got[6] = {-7, -7, -7, -7, -7, -7};
+    float *dx = dev(x, (size_t)rows * dim * 4);
+    int32_t *dout = dev(got, sizeof got);
+    be->vt->argmax_rows(be, dx, rows, dim, dout);
+    kn_be_sync(be);
+    kn_be_download(be, got, dout, sizeof got);
+    kn_be_free(be, dx), kn_be_free(be, dout);
+    for (int r = 0; r < rows; r++) CHECK(got[r] == want[r], "argmax row %d: got %d want %d", r, got[r], want[r]);
+    free(x);
+}
+
 int main(void) {
     kn_error err = {0};
     const char *name = getenv("KILN_TEST_BACKEND");
@@ -426,6 +453,7 @@ int main(void) {
     test_layer_norm(6, 384, 1);
     test_layer_norm(3, 1280, 0);
     test_layer_norm(2, 5, 1);
+    test_argmax();
     test_gelu_geglu(KN_GELU_ERF);
     test_gelu_geglu(KN_GELU_TANH);
     kn_backend_destroy(be);

@@ -115,6 +115,9 @@ typedef struct kn_backend_vtbl {
     void (*add)(kn_backend *be, float *y, const float *x, int64_t n);
     void (*gather_rows)(kn_backend *be, const float *x, int64_t dim, const int32_t *rows, int n, float *out);
     void (*softmax)(kn_backend *be, float *x, int rows, int dim);
+    /* out[r] = index of the largest x[r, :] (the first one on ties; NaN never
+     * wins): greedy decoding without moving logits off the backend */
+    void (*argmax_rows)(kn_backend *be, const float *x, int rows, int dim, int32_t *out);
     /* measurement: sustained memory read bandwidth in bytes/s (the floor
      * that memory-bound decode is compared against) */
     double (*read_bandwidth)(kn_backend *be);

@@ -14,7 +14,7 @@ static const char usage[] =
     "  run MODEL --ids 1,2,3 [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--ignore-eos]\n"
     "        generate; with --ids the generated ids are printed to stdout, space-separated\n"
     "  logits MODEL --ids 1,2,3 --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
-    "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--json]\n"
+    "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--host-logits] [--json]\n"
     "\n"
     "common options: --backend cpu  --threads N  --kv f32\n"
     "MODEL is a directory in Hugging Face layout or a repo id present in the HF cache.\n";

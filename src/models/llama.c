@@ -216,7 +216,7 @@ static void free_model_memory(kn_model *m) {
     kn_be_free(be, (void *)m->rope.inv_freq);
     float *scratch[] = {m->x, m->xn, m->qkv, m->attn, m->gu, m->act, m->tmp, m->logits};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) kn_be_free(be, scratch[i]);
-    int32_t *idx[] = {m->d_tokens, m->d_pos, m->d_seq, m->d_slots, m->d_bt, m->d_rows};
+    int32_t *idx[] = {m->d_tokens, m->d_pos, m->d_seq, m->d_slots, m->d_bt, m->d_rows, m->d_argmax};
     for (size_t i = 0; i < sizeof idx / sizeof *idx; i++) kn_be_free(be, idx[i]);
     free(m->h_bt);
     kn_kv_pool_destroy(m->kv);
@@ -297,11 +297,11 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
     m->logits = kn_be_alloc(be, (size_t)m->logits_rows * (size_t)c->vocab_size * F);
     m->max_blocks = (max_context + KN_KV_BLOCK_SIZE - 1) / KN_KV_BLOCK_SIZE;
     m->d_tokens = kn_be_alloc(be, T * 4), m->d_pos = kn_be_alloc(be, T * 4), m->d_seq = kn_be_alloc(be, T * 4);
-    m->d_slots = kn_be_alloc(be, T * 4), m->d_rows = kn_be_alloc(be, T * 4);
+    m->d_slots = kn_be_alloc(be, T * 4), m->d_rows = kn_be_alloc(be, T * 4), m->d_argmax = kn_be_alloc(be, T * 4);
     m->d_bt = kn_be_alloc(be, (size_t)max_seqs * (size_t)m->max_blocks * 4);
     m->h_bt = malloc((size_t)max_seqs * (size_t)m->max_blocks * 4);
     if (!m->x || !m->xn || !m->tmp || !m->qkv || !m->attn || !m->gu || !m->act || !m->logits || !m->d_tokens ||
-        !m->d_pos || !m->d_seq || !m->d_slots || !m->d_rows || !m->d_bt || !m->h_bt) {
+        !m->d_pos || !m->d_seq || !m->d_slots || !m->d_rows || !m->d_argmax || !m->d_bt || !m->h_bt) {
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for activations");
         goto fail;
     }
@@ -381,7 +381,8 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
         op->gather_rows(be, m->x, H, m->d_rows + r0, nr, m->xn);
         op->rms_norm(be, m->xn, H, m->xn, H, nr, 1, H, m->final_norm, eps);
         op->matmul(be, m->xn, nr, &m->lm_head, NULL, m->logits);
-        if (logits_host) /* eager: fetch each chunk; recorded: the caller fetches the single chunk */
+        if (b->argmax) op->argmax_rows(be, m->logits, nr, c->vocab_size, m->d_argmax + r0);
+        else if (logits_host) /* eager: fetch each chunk; recorded: the caller fetches the single chunk */
             kn_be_download(be, logits_host + (size_t)r0 * c->vocab_size, m->logits,
                            (size_t)nr * c->vocab_size * sizeof(float));
     }
@@ -423,15 +424,15 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     const kn_backend_vtbl *op = be->vt;
     uint64_t key = 0;
     if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows)
-        key = ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) | 1u;
-    if (key && op->graph_replay(be, key)) {
-        kn_be_download(be, logits, m->logits, (size_t)b->n_logits * c->vocab_size * sizeof(float));
-        return KN_OK;
+        key = ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) | (b->argmax ? 2u : 0u) | 1u;
+    if (!(key && op->graph_replay(be, key))) {
+        int recording = key && op->graph_begin(be, key);
+        forward_compute(m, b, key ? NULL : logits);
+        if (recording && !op->graph_end(be, key)) forward_compute(m, b, NULL);
     }
-    int recording = key && op->graph_begin(be, key);
-    forward_compute(m, b, key ? NULL : logits);
-    if (recording && !op->graph_end(be, key)) forward_compute(m, b, NULL);
-    if (key && b->n_logits > 0)
+    if (b->argmax && b->n_logits > 0)
+        kn_be_download(be, b->argmax, m->d_argmax, (size_t)b->n_logits * sizeof(int32_t));
+    else if (key && b->n_logits > 0)
         kn_be_download(be, logits, m->logits, (size_t)b->n_logits * c->vocab_size * sizeof(float));
     kn_be_sync(be);
     return KN_OK;

@@ -31,6 +31,9 @@ typedef struct {
     kn_kv_seq *const *seqs;
     int n_logits;
     const int32_t *logit_rows;
+    /* optional: greedy ids of the logit rows, computed on the backend (only
+     * n_logits int32 cross to the host; the logits argument may be NULL) */
+    int32_t *argmax;
 } kn_batch;
 
 struct kn_model {
@@ -47,7 +50,7 @@ struct kn_model {
     /* scratch, backend memory, sized for max_chunk tokens */
     float *x, *xn, *qkv, *attn, *gu, *act, *tmp, *logits;
     int logits_rows; /* rows of the logits scratch */
-    int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows;
+    int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows, *d_argmax;
     int32_t *h_bt; /* host staging for block tables [max_seqs, max_blocks] */
     int max_blocks;
     char desc[256];
@@ -71,7 +74,8 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
  * NULL is a no-op. kn_model_close is the public name. */
 void kn_model_free_internal(kn_model *m);
 
-/* Run one batch; logits (host, n_logits x vocab) may be NULL when n_logits 0.
+/* Run one batch; logits (host, n_logits x vocab) may be NULL when n_logits 0
+ * or when b->argmax asks for greedy ids instead.
  * The caller must have reserved KV blocks for every (seq, pos) in the batch. */
 kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err);
 

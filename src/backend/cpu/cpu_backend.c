@@ -294,6 +294,18 @@ static void cpu_softmax(kn_backend *be, float *x, int rows, int dim) {
     }
 }
 
+static void cpu_argmax_rows(kn_backend *be, const float *x, int rows, int dim, int32_t *out) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 1)
+    for (int r = 0; r < rows; r++) {
+        const float *v = x + (int64_t)r * dim;
+        int best = 0;
+        float bv = -INFINITY;
+        for (int j = 0; j < dim; j++)
+            if (v[j] > bv) bv = v[j], best = j;
+        out[r] = best;
+    }
+}
+
 static double seconds_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -348,6 +360,7 @@ static const kn_backend_vtbl cpu_vtbl = {
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .softmax = cpu_softmax,
+    .argmax_rows = cpu_argmax_rows,
     .read_bandwidth = cpu_read_bandwidth,
 };
 

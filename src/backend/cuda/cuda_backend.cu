@@ -458,6 +458,29 @@ __global__ void k_softmax(float *x, int dim) {
     for (int j = threadIdx.x; j < dim; j += blockDim.x) v[j] = expf(v[j] - mx) / s;
 }
 
+/* one block per row: (value, index) max with the lowest index on ties */
+__global__ void k_argmax(const float *x, int dim, int32_t *out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *v = x + (int64_t)blockIdx.x * dim;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        if (v[j] > bv) bv = v[j], bi = j; /* strided: first max per thread */
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = bv, si[threadIdx.x >> 5] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) bv = sv[w], bi = si[w];
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
 __global__ void k_read(const float4 *p, size_t n, float *sink) {
     float acc = 0.0f;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -523,6 +546,9 @@ static void cu_gather(kn_backend *be, const float *x, int64_t dim, const int32_t
     k_gather<<<n, 256, 0, S>>>(x, dim, rows, out);
 }
 static void cu_softmax(kn_backend *be, float *x, int rows, int dim) { k_softmax<<<rows, 256, 0, S>>>(x, dim); }
+static void cu_argmax_rows(kn_backend *be, const float *x, int rows, int dim, int32_t *out) {
+    k_argmax<<<rows, 1024, 0, S>>>(x, dim, out);
+}
 
 static double cu_read_bandwidth(kn_backend *be) {
     size_t bytes = (size_t)2 << 30;
@@ -548,7 +574,7 @@ static double cu_read_bandwidth(kn_backend *be) {
 
 static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
-    cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
+    cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax, cu_argmax_rows,
     cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end,
 };
 

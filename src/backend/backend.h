@@ -79,6 +79,12 @@ typedef struct {
     int compute_dtype;
 } kn_attention_args;
 
+/* Context buckets: a recorded decode graph is valid for one batch shape and
+ * one bucket of the largest position attended (backends may size attention
+ * work by the bucket's end, never by the exact length). */
+#define KN_CTX_BUCKET_SHIFT 9
+static inline int kn_ctx_bucket(int max_pos) { return (max_pos >> KN_CTX_BUCKET_SHIFT) + 1; }
+
 typedef struct kn_backend_vtbl {
     const char *name;
     void (*destroy)(kn_backend *be);

@@ -423,8 +423,12 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
      * recorded once per shape and replayed where the backend supports it. */
     const kn_backend_vtbl *op = be->vt;
     uint64_t key = 0;
-    if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows)
-        key = ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) | (b->argmax ? 2u : 0u) | 1u;
+    if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows) {
+        int max_pos = 0;
+        for (int t = 0; t < n; t++) max_pos = b->pos[t] > max_pos ? b->pos[t] : max_pos;
+        key = ((uint64_t)kn_ctx_bucket(max_pos) << 42) | ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) |
+              (b->argmax ? 2u : 0u) | 1u;
+    }
     if (!(key && op->graph_replay(be, key))) {
         int recording = key && op->graph_begin(be, key);
         forward_compute(m, b, key ? NULL : logits);

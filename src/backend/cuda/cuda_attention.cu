@@ -336,6 +336,12 @@ static void attention_flash(kn_backend *be, const kn_attention_args *a) {
     const int blocks = a->n_tokens * a->n_heads / gb, target = 2 * kn_cuda_sm_count(be);
     int n_splits = blocks >= target ? 1 : (target + blocks - 1) / blocks;
     if (n_splits > ATT_MAX_SPLITS) n_splits = ATT_MAX_SPLITS;
+    if (a->pos_host) { /* no more splits than the context bucket fills (>= 128 keys each) */
+        int max_pos = 0;
+        for (int t = 0; t < a->n_tokens; t++) max_pos = a->pos_host[t] > max_pos ? a->pos_host[t] : max_pos;
+        int by_ctx = (kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT) / 128;
+        if (n_splits > by_ctx) n_splits = by_ctx > 0 ? by_ctx : 1;
+    }
     float *partial = NULL;
     if (n_splits > 1) {
         size_t bytes = (size_t)a->n_tokens * a->n_heads * n_splits * (2 + hd) * sizeof(float);

@@ -129,7 +129,11 @@ static int cu_graph_begin(kn_backend *be, uint64_t key) {
     if (c->graphs_disabled) return 0;
     int i = graph_find(c, key);
     if (i < 0) { /* first sight: run eagerly (sizes scratch, warms cuBLAS) */
-        if (c->n_graphs == KN_CUDA_MAX_GRAPHS) return 0;
+        if (c->n_graphs == KN_CUDA_MAX_GRAPHS) { /* full: forget the oldest shape */
+            if (c->graphs[0].exec) cudaGraphExecDestroy(c->graphs[0].exec);
+            memmove(&c->graphs[0], &c->graphs[1], sizeof c->graphs[0] * (KN_CUDA_MAX_GRAPHS - 1));
+            c->n_graphs--;
+        }
         c->graphs[c->n_graphs].key = key, c->graphs[c->n_graphs].exec = NULL;
         c->n_graphs++;
         return 0;

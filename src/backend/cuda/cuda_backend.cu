@@ -130,6 +130,7 @@ static int cu_graph_begin(kn_backend *be, uint64_t key) {
     int i = graph_find(c, key);
     if (i < 0) { /* first sight: run eagerly (sizes scratch, warms cuBLAS) */
         if (c->n_graphs == KN_CUDA_MAX_GRAPHS) { /* full: forget the oldest shape */
+            check(cudaStreamSynchronize(c->stream), "graph evict sync");
             if (c->graphs[0].exec) cudaGraphExecDestroy(c->graphs[0].exec);
             memmove(&c->graphs[0], &c->graphs[1], sizeof c->graphs[0] * (KN_CUDA_MAX_GRAPHS - 1));
             c->n_graphs--;

@@ -62,7 +62,7 @@ struct kn_model {
     int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows;
     int32_t *h_bt; /* host staging for block tables [max_seqs, max_blocks] */
     int max_blocks;
-    char desc[256];
+    char desc[320];
     char notes[512]; /* what of the checkpoint is used / ignored (multimodal wrappers); "" when all is used */
 };
 

@@ -16,6 +16,14 @@
 
 #include "backend/cuda/cuda_internal.h"
 
+/* cuda_ops_models.cu */
+extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap);
+extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s);
+extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
+extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
+                                  int32_t *idx, float *w);
+extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
+
 typedef struct {
     kn_backend base;
     cudaStream_t stream;
@@ -251,7 +259,9 @@ __global__ void k_attention(kn_attention_args a, kn_kv_layer kv) {
         const float *kr = kv.k + ((int64_t)bt[pj / bs] * bs + pj % bs) * slot_w + (int64_t)kvh * hd;
         float s = 0.0f;
         for (int d = 0; d < hd; d++) s += q[d] * kr[d];
-        sc[j] = s * a.scale;
+        s *= a.scale;
+        if (a.softcap > 0.0f) s = tanhf(s / a.softcap) * a.softcap;
+        sc[j] = s;
     }
     __syncthreads();
     float mx = -INFINITY;
@@ -436,6 +446,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
     cu_embed, cu_rms_norm, cu_matmul, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
     cu_read_bandwidth,
+    kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

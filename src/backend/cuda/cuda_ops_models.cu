@@ -1,0 +1,140 @@
+/* cuda_ops_models.cu — CUDA versions of the "model families" ops of
+ * backend.h: logit soft-capping, scaling, the sigmoid-gated shared-expert
+ * add, MoE routing and the routed experts. Same math and summation order as
+ * cpu_ops_models.c (experts summed in ascending id per token).
+ *
+ * Correct-first MoE: one warp per output row of each (token, slot) pair, so
+ * only the selected experts' rows are read, but a prefill re-reads an expert
+ * once per token that chose it; the expert-grouped GEMM (tokens sorted by
+ * expert) is the faster path to come behind the same op. */
+#include "backend/cuda/cuda_internal.h"
+
+#define S kn_cuda_stream(be)
+
+__global__ void k_softcap(float *x, int64_t n, float cap) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = tanhf(x[i] / cap) * cap;
+}
+
+__global__ void k_scale(float *x, int64_t n, float s) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+__global__ void k_sigmoid_gate_add(float *y, const float *x, const float *gate, int64_t n, int dim) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = 1.0f / (1.0f + expf(-gate[i / dim]));
+    y[i] += g * x[i];
+}
+
+/* one thread per row: softmax, insertion top-k (ties keep the lower id), renorm */
+__global__ void k_moe_route(const float *logits, int rows, int E, int k, int norm, int32_t *idx, float *w) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float *l = logits + (int64_t)r * E;
+    int32_t *ir = idx + (int64_t)r * k;
+    float *wr = w + (int64_t)r * k;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+    for (int e = 0; e < E; e++) sum += expf(l[e] - mx);
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        float p = expf(l[e] - mx) / sum;
+        if (n == k && !(p > wr[k - 1])) continue;
+        int i = n < k ? n++ : k - 1;
+        while (i > 0 && p > wr[i - 1]) {
+            wr[i] = wr[i - 1], ir[i] = ir[i - 1];
+            i--;
+        }
+        wr[i] = p, ir[i] = e;
+    }
+    if (norm) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) s += wr[j];
+        for (int j = 0; j < k; j++) wr[j] /= s;
+    }
+}
+
+/* out[p, r] = W[e(p) * rows_per_expert + r] . x[p / k_or_1] for pair p; one warp per (p, r) */
+__global__ void k_moe_rows(const float *x, int64_t x_stride, int x_div, const void *wdata, int dt, int64_t cols,
+                           int64_t rows_per_expert, const int32_t *idx, float *out) {
+    int p = blockIdx.y;
+    int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= rows_per_expert) return;
+    int lane = threadIdx.x % 32, e = idx[p];
+    const float *xr = x + (int64_t)(p / x_div) * x_stride;
+    int64_t base = ((int64_t)e * rows_per_expert + r) * cols;
+    float acc = 0.0f;
+    for (int64_t c = lane; c < cols; c += 32) acc += kn_cuda_load_w(wdata, base + c, dt) * xr[c];
+    for (int o = 16; o > 0; o /= 2) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if (lane == 0) out[(int64_t)p * rows_per_expert + r] = acc;
+}
+
+__device__ __forceinline__ float act_f(float g, int act) {
+    if (act == KN_ACT_GELU_TANH) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    if (act == KN_ACT_GELU_ERF) return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f));
+    return g / (1.0f + expf(-g));
+}
+
+__global__ void k_moe_act(const float *G, int64_t n_pairs, int inter, int act, float *A) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_pairs * inter) return;
+    int64_t p = i / inter, j = i % inter;
+    const float *g = G + p * 2 * inter;
+    A[i] = act_f(g[j], act) * g[inter + j];
+}
+
+/* out[t, d] = sum over the token's slots in ascending expert id of w * Y */
+__global__ void k_moe_combine(const float *Y, const int32_t *idx, const float *w, int n, int k, int dim, float *out) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * dim) return;
+    int t = (int)(i / dim), d = (int)(i % dim);
+    const int32_t *it = idx + (int64_t)t * k;
+    float acc = 0.0f;
+    int last = -1;
+    for (int s = 0; s < k; s++) {
+        int best = -1;
+        for (int j = 0; j < k; j++)
+            if (it[j] > last && (best < 0 || it[j] < it[best])) best = j;
+        if (best < 0) break;
+        last = it[best];
+        acc += Y[((int64_t)t * k + best) * dim + d] * w[(int64_t)t * k + best];
+    }
+    out[i] = acc;
+}
+
+static unsigned blocks_for(int64_t n) { return (unsigned)((n + 255) / 256); }
+
+extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap) {
+    if (n > 0) k_softcap<<<blocks_for(n), 256, 0, S>>>(x, n, cap);
+}
+
+extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s) {
+    if (n > 0) k_scale<<<blocks_for(n), 256, 0, S>>>(x, n, s);
+}
+
+extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows,
+                                         int dim) {
+    int64_t n = (int64_t)rows * dim;
+    if (n > 0) k_sigmoid_gate_add<<<blocks_for(n), 256, 0, S>>>(y, x, gate, n, dim);
+}
+
+extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
+                                  int32_t *idx, float *w) {
+    if (rows > 0) k_moe_route<<<(rows + 63) / 64, 64, 0, S>>>(logits, rows, n_experts, k, norm_topk, idx, w);
+}
+
+extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a) {
+    const int n = a->n_tokens, k = a->k, D = a->dim, I = a->inter;
+    const int64_t pairs = (int64_t)n * k;
+    if (pairs <= 0) return;
+    float *G = a->scratch, *A = G + pairs * 2 * I, *Y = A + pairs * I;
+    const int warps = 8;
+    dim3 g1((unsigned)((2 * I + warps - 1) / warps), (unsigned)pairs);
+    k_moe_rows<<<g1, warps * 32, 0, S>>>(a->x, D, k, a->gate_up->data, a->gate_up->dtype, D, 2 * (int64_t)I, a->idx, G);
+    k_moe_act<<<blocks_for(pairs * I), 256, 0, S>>>(G, pairs, I, a->act, A);
+    dim3 g2((unsigned)((D + warps - 1) / warps), (unsigned)pairs);
+    k_moe_rows<<<g2, warps * 32, 0, S>>>(A, I, 1, a->down->data, a->down->dtype, I, D, a->idx, Y);
+    k_moe_combine<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, a->w, n, k, D, a->out);
+}

@@ -87,10 +87,12 @@ enum { KN_ACT_SILU = 0, KN_ACT_GELU_TANH = 1, KN_ACT_GELU_ERF = 2 };
  * gate_up rows [e*2*inter, e*2*inter + inter), its up rows the next inter;
  * its down rows are down rows [e*dim, (e+1)*dim). Only the selected experts'
  * rows are read. */
+#define KN_MOE_MAX_EXPERTS 1024
+
 typedef struct {
     const float *x; /* [n_tokens, dim] */
     float *out;     /* [n_tokens, dim], overwritten */
-    int n_tokens, dim, inter, n_experts, k, act;
+    int n_tokens, dim, inter, n_experts, k, act; /* n_experts <= KN_MOE_MAX_EXPERTS */
     const int32_t *idx; /* [n_tokens, k] expert ids in [0, n_experts) */
     const float *w;     /* [n_tokens, k] routing weights */
     const kn_weight *gate_up; /* [n_experts * 2 * inter, dim] */

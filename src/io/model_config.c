@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h" /* KN_MOE_MAX_EXPERTS */
 #include "io/file_util.h"
 
 static const char *const arch_names[KN_ARCH_COUNT] = {
@@ -336,7 +337,7 @@ static int parse_moe(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
         if (q2 && get_int(c, root, "shared_expert_intermediate_size", 5632, &cfg->shared_expert_intermediate_size))
             return -1;
     }
-    if (cfg->n_experts < 1 || cfg->n_experts > 1024 || cfg->n_experts_per_tok < 1 ||
+    if (cfg->n_experts < 1 || cfg->n_experts > KN_MOE_MAX_EXPERTS || cfg->n_experts_per_tok < 1 ||
         cfg->n_experts_per_tok > cfg->n_experts || cfg->n_experts_per_tok > 64 || cfg->moe_intermediate_size <= 0 ||
         cfg->shared_expert_intermediate_size < 0 || step < 1) {
         c->code = kn_fail(c->err, KN_ERR_FORMAT,

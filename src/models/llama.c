@@ -29,12 +29,9 @@
 #define MAX_CHUNK 512
 #define MAX_LOGIT_ROWS 16
 
-/* Norm tensor names (after "model.layers.%d.") by position; NULL = none. */
-typedef struct {
-    const char *pre_attn, *post_attn, *pre_mlp, *post_mlp;
-} norm_names;
+typedef kn_norm_names norm_names;
 
-static norm_names family_norms(const kn_model_config *c) {
+kn_norm_names kn_family_norms(const kn_model_config *c) {
     switch (c->norm_layout) {
     case KN_NORMS_POST: return (norm_names){NULL, "post_attention_layernorm", NULL, "post_feedforward_layernorm"};
     case KN_NORMS_SANDWICH:
@@ -113,7 +110,7 @@ static kn_code load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_er
         if ((rc = ld_load_vec(m, src, "model.layers.%d.mlp.down_proj.bias", l, H, 0, 0.0f, &L->down_bias, err)))
             return rc;
     }
-    norm_names nn = family_norms(c);
+    norm_names nn = kn_family_norms(c);
     if ((rc = load_norm(m, src, l, nn.pre_attn, &L->attn_norm, &L->attn_norm_b, err)) ||
         (rc = load_norm(m, src, l, nn.pre_mlp, &L->mlp_norm, &L->mlp_norm_b, err)) ||
         (rc = load_norm(m, src, l, nn.post_attn, &L->post_attn_norm, NULL, err)) ||

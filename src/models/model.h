@@ -75,6 +75,13 @@ typedef struct {
     int outlives_model;
 } kn_tensor_source;
 
+/* A decoder layer's norm tensor names (after "model.layers.%d.", before
+ * ".weight") by position; NULL where the family has none. */
+typedef struct {
+    const char *pre_attn, *post_attn, *pre_mlp, *post_mlp;
+} kn_norm_names;
+kn_norm_names kn_family_norms(const kn_model_config *c);
+
 /* Build a model from a parsed config and a tensor source. The model takes
  * ownership of be. Used by kn_model_open and by the synthetic bench. */
 kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, kn_backend *be, int max_context,

@@ -56,8 +56,27 @@ __global__ void k_moe_route(const float *logits, int rows, int E, int k, int nor
     }
 }
 
-/* out[p, r] = W[e(p) * rows_per_expert + r] . x[p / k_or_1] for pair p; one warp per (p, r) */
-__global__ void k_moe_rows(const float *x, int64_t x_stride, int x_div, const void *wdata, int dt, int64_t cols,
+/* 8 consecutive weights from 16 bytes (bf16/f16) or two 16-byte loads (f32) */
+template <int DT>
+__device__ __forceinline__ void load8(const void *w, int64_t i, float *o) {
+    if (DT == KN_DT_F32) {
+        float4 a = *(const float4 *)((const float *)w + i), b = *(const float4 *)((const float *)w + i + 4);
+        o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+    } else {
+        uint4 u = *(const uint4 *)((const uint16_t *)w + i);
+        const uint16_t *h = (const uint16_t *)&u;
+        for (int j = 0; j < 8; j++) {
+            if (DT == KN_DT_BF16) o[j] = __uint_as_float((uint32_t)h[j] << 16);
+            else o[j] = __half2float(__ushort_as_half(h[j]));
+        }
+    }
+}
+
+/* out[p, r] = W[e(p) * rows_per_expert + r] . x[p / x_div] for pair p; one
+ * warp per (p, r). VEC: cols % 8 == 0 and the data 16-byte aligned, so each
+ * lane streams 16-byte weight loads. */
+template <int DT, bool VEC>
+__global__ void k_moe_rows(const float *x, int64_t x_stride, int x_div, const void *wdata, int64_t cols,
                            int64_t rows_per_expert, const int32_t *idx, float *out) {
     int p = blockIdx.y;
     int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -66,9 +85,35 @@ __global__ void k_moe_rows(const float *x, int64_t x_stride, int x_div, const vo
     const float *xr = x + (int64_t)(p / x_div) * x_stride;
     int64_t base = ((int64_t)e * rows_per_expert + r) * cols;
     float acc = 0.0f;
-    for (int64_t c = lane; c < cols; c += 32) acc += kn_cuda_load_w(wdata, base + c, dt) * xr[c];
+    if (VEC) {
+        for (int64_t c = (int64_t)lane * 8; c < cols; c += 32 * 8) {
+            float wv[8];
+            load8<DT>(wdata, base + c, wv);
+            float4 x0 = *(const float4 *)(xr + c), x1 = *(const float4 *)(xr + c + 4);
+            acc += wv[0] * x0.x + wv[1] * x0.y + wv[2] * x0.z + wv[3] * x0.w + wv[4] * x1.x + wv[5] * x1.y +
+                   wv[6] * x1.z + wv[7] * x1.w;
+        }
+    } else {
+        for (int64_t c = lane; c < cols; c += 32) acc += kn_cuda_load_w(wdata, base + c, DT) * xr[c];
+    }
     for (int o = 16; o > 0; o /= 2) acc += __shfl_down_sync(0xffffffffu, acc, o);
     if (lane == 0) out[(int64_t)p * rows_per_expert + r] = acc;
+}
+
+template <int DT>
+static void moe_rows_dt(cudaStream_t st, dim3 grid, int threads, const float *x, int64_t x_stride, int x_div,
+                        const void *w, int64_t cols, int64_t rows, const int32_t *idx, float *out) {
+    /* vector loads need 16-byte alignment of every row of w and x */
+    bool vec = cols % 8 == 0 && x_stride % 4 == 0 && ((uintptr_t)w & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    if (vec) k_moe_rows<DT, true><<<grid, threads, 0, st>>>(x, x_stride, x_div, w, cols, rows, idx, out);
+    else k_moe_rows<DT, false><<<grid, threads, 0, st>>>(x, x_stride, x_div, w, cols, rows, idx, out);
+}
+
+static void moe_rows(cudaStream_t st, dim3 grid, int threads, const float *x, int64_t x_stride, int x_div,
+                     const kn_weight *w, int64_t cols, int64_t rows, const int32_t *idx, float *out) {
+    if (w->dtype == KN_DT_BF16) moe_rows_dt<KN_DT_BF16>(st, grid, threads, x, x_stride, x_div, w->data, cols, rows, idx, out);
+    else if (w->dtype == KN_DT_F16) moe_rows_dt<KN_DT_F16>(st, grid, threads, x, x_stride, x_div, w->data, cols, rows, idx, out);
+    else moe_rows_dt<KN_DT_F32>(st, grid, threads, x, x_stride, x_div, w->data, cols, rows, idx, out);
 }
 
 __device__ __forceinline__ float act_f(float g, int act) {
@@ -132,9 +177,9 @@ extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a) {
     float *G = a->scratch, *A = G + pairs * 2 * I, *Y = A + pairs * I;
     const int warps = 8;
     dim3 g1((unsigned)((2 * I + warps - 1) / warps), (unsigned)pairs);
-    k_moe_rows<<<g1, warps * 32, 0, S>>>(a->x, D, k, a->gate_up->data, a->gate_up->dtype, D, 2 * (int64_t)I, a->idx, G);
+    moe_rows(S, g1, warps * 32, a->x, D, k, a->gate_up, D, 2 * (int64_t)I, a->idx, G);
     k_moe_act<<<blocks_for(pairs * I), 256, 0, S>>>(G, pairs, I, a->act, A);
     dim3 g2((unsigned)((D + warps - 1) / warps), (unsigned)pairs);
-    k_moe_rows<<<g2, warps * 32, 0, S>>>(A, I, 1, a->down->data, a->down->dtype, I, D, a->idx, Y);
+    moe_rows(S, g2, warps * 32, A, I, 1, a->down, I, D, a->idx, Y);
     k_moe_combine<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, a->w, n, k, D, a->out);
 }

@@ -3,10 +3,12 @@
  * add, MoE routing and the routed experts. Same math and summation order as
  * cpu_ops_models.c (experts summed in ascending id per token).
  *
- * Correct-first MoE: one warp per output row of each (token, slot) pair, so
- * only the selected experts' rows are read, but a prefill re-reads an expert
- * once per token that chose it; the expert-grouped GEMM (tokens sorted by
- * expert) is the faster path to come behind the same op. */
+ * MoE experts: decode (one token) runs one warp per output row of each
+ * selected expert, 16-byte weight loads, so only the k active experts are
+ * read. Prefill sorts the (token, slot) pairs by expert on the device
+ * (counting sort, one block) and runs one block per (expert, 8 rows), each
+ * weight row read once per group of up to 8 of that expert's tokens staged in
+ * shared memory. Tensor-core GEMMs for large expert groups are still to come. */
 #include "backend/cuda/cuda_internal.h"
 
 #define S kn_cuda_stream(be)
@@ -149,6 +151,129 @@ __global__ void k_moe_combine(const float *Y, const int32_t *idx, const float *w
     out[i] = acc;
 }
 
+/* ---- expert-grouped path (prefill): pairs sorted by expert, each weight row
+ * read once per group of up to 8 of its expert's tokens ---- */
+
+/* one block: counting sort of the P pairs by expert id; run_start[E+1],
+ * pair_of[sorted position] = pair, pos_of[pair] = sorted position */
+__global__ void k_moe_sort(const int32_t *idx, int P, int E, int32_t *run_start, int32_t *pair_of, int32_t *pos_of) {
+    extern __shared__ int cnt[]; /* E + 1 */
+    for (int i = threadIdx.x; i <= E; i += blockDim.x) cnt[i] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[idx[p] + 1], 1);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+    __syncthreads();
+    for (int i = threadIdx.x; i <= E; i += blockDim.x) run_start[i] = cnt[i];
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        int q = atomicAdd(&cnt[idx[p]], 1);
+        pair_of[q] = p, pos_of[p] = q;
+    }
+}
+
+/* out[q, r] = W[e * rows + r] . x(q) for the sorted positions q of expert e =
+ * blockIdx.y; x(q) = x[pair_of[q] / x_div] when gather, else x[q]. One warp
+ * per row, tokens staged in shared memory tg at a time. */
+template <int DT, bool VEC>
+__global__ void k_moe_grouped(const float *x, int64_t x_stride, int x_div, int gather, const void *w, int64_t cols,
+                              int64_t rows, const int32_t *run_start, const int32_t *pair_of, int tg, float *out) {
+    extern __shared__ float xs[]; /* tg * cols */
+    const int e = blockIdx.y, q0 = run_start[e], q1 = run_start[e + 1];
+    if (q0 == q1) return; /* uniform for the block */
+    const int lane = threadIdx.x % 32;
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int64_t base = ((int64_t)e * rows + r) * cols;
+    for (int g0 = q0; g0 < q1; g0 += tg) {
+        const int m = q1 - g0 < tg ? q1 - g0 : tg;
+        __syncthreads();
+        for (int64_t i = threadIdx.x; i < (int64_t)m * cols; i += blockDim.x) {
+            int j = (int)(i / cols), q = g0 + j;
+            int64_t row = gather ? pair_of[q] / x_div : q;
+            xs[i] = x[row * x_stride + i % cols];
+        }
+        __syncthreads();
+        if (r >= rows) continue;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (VEC) {
+            for (int64_t c = (int64_t)lane * 8; c < cols; c += 32 * 8) {
+                float wv[8];
+                load8<DT>(w, base + c, wv);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (j >= m) break;
+                    const float *xj = xs + (int64_t)j * cols + c;
+                    float4 x0 = *(const float4 *)xj, x1 = *(const float4 *)(xj + 4);
+                    acc[j] += wv[0] * x0.x + wv[1] * x0.y + wv[2] * x0.z + wv[3] * x0.w + wv[4] * x1.x +
+                              wv[5] * x1.y + wv[6] * x1.z + wv[7] * x1.w;
+                }
+            }
+        } else {
+            for (int64_t c = lane; c < cols; c += 32) {
+                float wv = kn_cuda_load_w(w, base + c, DT);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (j < m) acc[j] += wv * xs[(int64_t)j * cols + c];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float v = acc[j];
+            for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+            if (lane == 0 && j < m) out[(int64_t)(g0 + j) * rows + r] = v;
+        }
+    }
+}
+
+template <int DT>
+static void moe_grouped_dt(cudaStream_t st, int E, const float *x, int64_t x_stride, int x_div, int gather,
+                           const void *w, int64_t cols, int64_t rows, const int32_t *run_start,
+                           const int32_t *pair_of, int tg, float *out) {
+    const int warps = 8;
+    dim3 grid((unsigned)((rows + warps - 1) / warps), (unsigned)E);
+    size_t smem = (size_t)tg * (size_t)cols * sizeof(float);
+    bool vec = cols % 8 == 0 && ((uintptr_t)w & 15) == 0;
+    if (vec)
+        k_moe_grouped<DT, true><<<grid, warps * 32, smem, st>>>(x, x_stride, x_div, gather, w, cols, rows, run_start,
+                                                                  pair_of, tg, out);
+    else
+        k_moe_grouped<DT, false><<<grid, warps * 32, smem, st>>>(x, x_stride, x_div, gather, w, cols, rows, run_start,
+                                                                   pair_of, tg, out);
+}
+
+static void moe_grouped(cudaStream_t st, int E, const float *x, int64_t x_stride, int x_div, int gather,
+                        const kn_weight *w, int64_t cols, int64_t rows, const int32_t *run_start, const int32_t *pair_of,
+                        int tg, float *out) {
+    if (w->dtype == KN_DT_BF16)
+        moe_grouped_dt<KN_DT_BF16>(st, E, x, x_stride, x_div, gather, w->data, cols, rows, run_start, pair_of, tg, out);
+    else if (w->dtype == KN_DT_F16)
+        moe_grouped_dt<KN_DT_F16>(st, E, x, x_stride, x_div, gather, w->data, cols, rows, run_start, pair_of, tg, out);
+    else
+        moe_grouped_dt<KN_DT_F32>(st, E, x, x_stride, x_div, gather, w->data, cols, rows, run_start, pair_of, tg, out);
+}
+
+/* out[t, d] = sum over the token's slots in ascending expert id of w * Y[pos_of[pair]] */
+__global__ void k_moe_combine_sorted(const float *Y, const int32_t *idx, const int32_t *pos_of, const float *w, int n,
+                                     int k, int dim, float *out) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * dim) return;
+    int t = (int)(i / dim), d = (int)(i % dim);
+    const int32_t *it = idx + (int64_t)t * k;
+    float acc = 0.0f;
+    int last = -1;
+    for (int s = 0; s < k; s++) {
+        int best = -1;
+        for (int j = 0; j < k; j++)
+            if (it[j] > last && (best < 0 || it[j] < it[best])) best = j;
+        if (best < 0) break;
+        last = it[best];
+        int64_t p = (int64_t)t * k + best;
+        acc += Y[(int64_t)pos_of[p] * dim + d] * w[p];
+    }
+    out[i] = acc;
+}
+
 static unsigned blocks_for(int64_t n) { return (unsigned)((n + 255) / 256); }
 
 extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap) {
@@ -175,6 +300,20 @@ extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a) {
     const int64_t pairs = (int64_t)n * k;
     if (pairs <= 0) return;
     float *G = a->scratch, *A = G + pairs * 2 * I, *Y = A + pairs * I;
+    /* prefill: tokens grouped by expert (the int arrays live in the scratch
+     * tail: P * (dim + 2) floats remain after G, A, Y) */
+    const int64_t widest = D > I ? D : I;
+    const int tg = widest * 4 * 8 <= 48 * 1024 ? 8 : (int)(48 * 1024 / (widest * 4));
+    if (n > 1 && tg >= 1 && pairs * (D + 2) >= 2 * pairs + a->n_experts + 1) {
+        int32_t *run_start = (int32_t *)(Y + pairs * D), *pair_of = run_start + a->n_experts + 1, *pos_of = pair_of + pairs;
+        k_moe_sort<<<1, 1024, (size_t)(a->n_experts + 1) * sizeof(int), S>>>(a->idx, (int)pairs, a->n_experts, run_start,
+                                                                             pair_of, pos_of);
+        moe_grouped(S, a->n_experts, a->x, D, k, 1, a->gate_up, D, 2 * (int64_t)I, run_start, pair_of, tg, G);
+        k_moe_act<<<blocks_for(pairs * I), 256, 0, S>>>(G, pairs, I, a->act, A);
+        moe_grouped(S, a->n_experts, A, I, 1, 0, a->down, I, D, run_start, pair_of, tg, Y);
+        k_moe_combine_sorted<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, pos_of, a->w, n, k, D, a->out);
+        return;
+    }
     const int warps = 8;
     dim3 g1((unsigned)((2 * I + warps - 1) / warps), (unsigned)pairs);
     moe_rows(S, g1, warps * 32, a->x, D, k, a->gate_up, D, 2 * (int64_t)I, a->idx, G);

@@ -88,6 +88,8 @@ int main(void) {
                 "\"moe_intermediate_size\": 32, \"norm_topk_prob\": true, \"mlp_only_layers\": [0]}", NULL, &c, &err) == KN_OK &&
               c.n_experts == 8 && c.n_experts_per_tok == 2 && c.moe_intermediate_size == 32 && c.norm_topk_prob &&
               !c.layer_moe[0] && c.layer_moe[1] && c.qk_norm, "qwen3_moe");
+    CHECK(parse("{\"model_type\": \"qwen3_moe\", " BASE ", \"num_local_experts\": 6, \"num_experts_per_tok\": 2}", NULL, &c,
+                &err) == KN_OK && c.n_experts == 6, "qwen3_moe as transformers 5 saves it (num_local_experts)");
     CHECK(parse("{\"model_type\": \"qwen2_moe\", " BASE ", \"num_experts\": 4, \"num_experts_per_tok\": 2, "
                 "\"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 32, \"decoder_sparse_step\": 2}", NULL, &c,
                 &err) == KN_OK && c.shared_expert_intermediate_size == 32 && !c.norm_topk_prob && !c.layer_moe[0] && c.layer_moe[1],

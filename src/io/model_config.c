@@ -328,7 +328,9 @@ static int parse_moe(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
         cfg->norm_topk_prob = 1;
     } else {
         int q2 = cfg->arch == KN_ARCH_QWEN2_MOE;
-        if (get_int(c, root, "num_experts", q2 ? 60 : 128, &cfg->n_experts) ||
+        /* transformers 5 saves qwen3_moe's num_experts as num_local_experts */
+        const char *ne = json_object_get(root, "num_experts") ? "num_experts" : "num_local_experts";
+        if (get_int(c, root, ne, q2 ? 60 : 128, &cfg->n_experts) ||
             get_int(c, root, "num_experts_per_tok", q2 ? 4 : 8, &cfg->n_experts_per_tok) ||
             get_int(c, root, "moe_intermediate_size", q2 ? 1408 : 768, &cfg->moe_intermediate_size) ||
             get_bool(c, root, "norm_topk_prob", 0, &cfg->norm_topk_prob) ||

@@ -41,7 +41,8 @@ static const struct {
                     {"language_model.model.", "language_model.lm_head.weight"}};
 
 /* "N tensors under A, M under B" for the tensors nobody read, grouped by
- * their first two name components (names are sorted, so groups are runs). */
+ * their first name component, or first two under a "model." or
+ * "language_model." root (names are sorted, so groups are runs). */
 static void describe_unused(const st_view *v, char *out, size_t cap) {
     size_t n = kn_st_count(v->st), len = 0;
     out[0] = 0;
@@ -49,7 +50,8 @@ static void describe_unused(const st_view *v, char *out, size_t cap) {
         if (v->used[i]) { i++; continue; }
         const char *name = kn_st_at(v->st, i)->name;
         const char *dot = strchr(name, '.');
-        if (dot && strchr(dot + 1, '.')) dot = strchr(dot + 1, '.');
+        if (dot && (!strncmp(name, "model.", 6) || !strncmp(name, "language_model.", 15)) && strchr(dot + 1, '.'))
+            dot = strchr(dot + 1, '.');
         size_t klen = dot ? (size_t)(dot - name) : strlen(name);
         size_t count = 0, j = i;
         for (; j < n && !strncmp(kn_st_at(v->st, j)->name, name, klen) &&

@@ -57,10 +57,14 @@ int main(void) {
               c.max_position_embeddings == 4096, "integral float accepted");
 
     /* model families: the feature table each model_type selects */
+    CHECK(parse("{\"model_type\": \"gemma\", " BASE "}", NULL, &c, &err) == KN_OK && c.arch == KN_ARCH_GEMMA &&
+              c.norm_weight_offset == 1.0 && c.act == 1 && c.embed_scale == 8.0 && c.tie_word_embeddings &&
+              c.norm_layout == KN_NORMS_PRE && c.attn_softcap == 0,
+          "gemma: (1 + w) norms, tanh GeGLU by default, sqrt(hidden) embeddings");
     CHECK(parse("{\"model_type\": \"gemma\", " BASE ", \"hidden_act\": \"gelu\", \"hidden_activation\": \"gelu_pytorch_tanh\"}",
-                NULL, &c, &err) == KN_OK && c.arch == KN_ARCH_GEMMA && c.norm_weight_offset == 1.0 && c.act == 1 &&
-              c.embed_scale == 8.0 && c.tie_word_embeddings && c.norm_layout == KN_NORMS_PRE && c.attn_softcap == 0,
-          "gemma: (1 + w) norms, tanh GeGLU (hidden_activation wins), sqrt(hidden) embeddings");
+                NULL, &c, &err) == KN_OK && c.act == 2, "gemma (1) follows hidden_act as transformers 5.17 does");
+    CHECK(parse("{\"model_type\": \"gemma2\", " BASE ", \"hidden_act\": \"gelu\", \"hidden_activation\": \"gelu_pytorch_tanh\"}",
+                NULL, &c, &err) == KN_OK && c.act == 1, "gemma2 follows hidden_activation");
     CHECK(parse("{\"model_type\": \"gemma2\", " BASE ", \"query_pre_attn_scalar\": 64, \"sliding_window\": 8}", NULL, &c,
                 &err) == KN_OK && c.norm_layout == KN_NORMS_SANDWICH && c.attn_softcap == 50.0 && c.final_softcap == 30.0 &&
               c.attn_scale == 0.125 && c.layer_sliding[0] == 1 && c.layer_sliding[1] == 0,
@@ -119,6 +123,9 @@ int main(void) {
                 "\"num_hidden_layers\": 8, \"num_attention_heads\": 4}", NULL, &c, &err) == KN_OK && c.layer_rope[2] &&
               !c.layer_rope[3] && !c.layer_rope[7], "smollm3 default: every 4th layer NoPE");
     expect_error("{\"model_type\": \"smollm3\", " BASE ", \"no_rope_layers\": [1]}", KN_ERR_FORMAT, "no_rope_layers");
+    CHECK(parse("{\"model_type\": \"smollm3\", " BASE ", \"no_rope_layers\": [1, 0], \"use_sliding_window\": true, "
+                "\"sliding_window\": 8}", NULL, &c, &err) == KN_OK && !c.layer_sliding[0] && c.layer_sliding[1],
+          "smollm3: with use_sliding_window the NoPE layers slide");
 
     expect_error("{\"model_type\": \"bert\", " BASE "}", KN_ERR_UNSUPPORTED, "llama, mistral, qwen2, qwen3, phi3");
     expect_error("{" BASE "}", KN_ERR_FORMAT, "model_type");

@@ -276,6 +276,13 @@ static int parse_layer_windows(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
         for (int i = 0; i < cfg->n_layers; i++) cfg->layer_sliding[i] = cfg->sliding_window > 0 && (i + 1) % pattern != 0;
         return 0;
     }
+    case KN_ARCH_SMOLLM3: {
+        /* transformers' default: with use_sliding_window, the NoPE layers slide */
+        int use = 0;
+        if (get_bool(c, root, "use_sliding_window", 0, &use)) return -1;
+        for (int i = 0; i < cfg->n_layers; i++) cfg->layer_sliding[i] = use && cfg->sliding_window > 0 && !cfg->layer_rope[i];
+        return 0;
+    }
     case KN_ARCH_QWEN2_MOE:
     case KN_ARCH_QWEN3_MOE:
     case KN_ARCH_QWEN2:
@@ -303,7 +310,8 @@ static int get_num_or_off(cfg_ctx *c, json_t *obj, const char *key, double def, 
 static int parse_activation(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     int gemma = cfg->arch == KN_ARCH_GEMMA || cfg->arch == KN_ARCH_GEMMA2 || cfg->arch == KN_ARCH_GEMMA3;
     const char *act = NULL;
-    if (gemma) act = json_string_value(json_object_get(root, "hidden_activation"));
+    /* transformers 5.17: gemma2/3 read hidden_activation, gemma (1) reads hidden_act */
+    if (gemma && cfg->arch != KN_ARCH_GEMMA) act = json_string_value(json_object_get(root, "hidden_activation"));
     if (!act) act = json_string_value(json_object_get(root, "hidden_act"));
     if (!act) act = gemma ? "gelu_pytorch_tanh" : cfg->arch == KN_ARCH_STARCODER2 ? "gelu_pytorch_tanh" : "silu";
     if (!strcmp(act, "silu") || !strcmp(act, "swish")) cfg->act = 0;
@@ -530,7 +538,9 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
         require_positive(&c, root, "num_attention_heads", &cfg->n_heads))
         goto fail;
     if (get_int(&c, root, "num_key_value_heads", cfg->n_heads, &cfg->n_kv_heads)) goto fail;
-    if (get_int(&c, root, "head_dim", cfg->hidden_size / cfg->n_heads, &cfg->head_dim)) goto fail;
+    /* transformers 5.17 defaults: gemma family 256, glm4 128, else hidden / heads */
+    int hd_default = gemma ? 256 : A == KN_ARCH_GLM4 ? 128 : cfg->hidden_size / cfg->n_heads;
+    if (get_int(&c, root, "head_dim", hd_default, &cfg->head_dim)) goto fail;
     if (A == KN_ARCH_PHI3) cfg->head_dim = cfg->hidden_size / cfg->n_heads; /* phi3 has no head_dim */
     if (get_int(&c, root, "max_position_embeddings", 4096, &cfg->max_position_embeddings)) goto fail;
     if (get_num(&c, root, "rms_norm_eps", 1e-6, &cfg->rms_norm_eps)) goto fail;

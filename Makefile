@@ -58,6 +58,11 @@ fuzz: deps-test
 	rm -rf $(BUILD_FUZZ)/corpus && cp -r tests/fuzz/corpus_safetensors $(BUILD_FUZZ)/corpus
 	./$(BUILD_FUZZ)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus
+	# config.json / generation_config.json parser (20 s)
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_config
+	rm -rf $(BUILD_FUZZ)/corpus_config && cp -r tests/fuzz/corpus_config $(BUILD_FUZZ)/corpus_config
+	./$(BUILD_FUZZ)/fuzz_config -max_total_time=20 -rss_limit_mb=2048 \
+	    -artifact_prefix=$(BUILD_FUZZ)/config- $(BUILD_FUZZ)/corpus_config
 
 bench: build
 	./$(BUILD)/kiln bench --synthetic bench/shapes/llama-0.44b.json --prompt 128 --gen 64 --threads 2

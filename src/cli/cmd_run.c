@@ -22,7 +22,9 @@ static kn_code open_model(const char *arg, const kn_cli_common *c, kn_model **m,
     kn_code rc = kn_resolve_model_path(arg, dir, sizeof dir, err);
     if (rc) return rc;
     kn_model_options o = {.backend = c->backend, .n_threads = c->n_threads};
-    return kn_model_open(dir, &o, m, err);
+    rc = kn_model_open(dir, &o, m, err);
+    if (!rc && kn_model_notes(*m)[0]) fprintf(stderr, "kiln: note: %s\n", kn_model_notes(*m));
+    return rc;
 }
 
 int kn_cmd_run(int argc, char **argv) {

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_ops_models.h"
 
 typedef struct {
     kn_backend base;
@@ -210,6 +211,7 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
             for (int j = lo; j <= p; j++) {
                 int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
                 float s = c->k->dot(q, kv->k + slot * slot_w + (int64_t)kvh * hd, hd) * a->scale;
+                if (a->softcap > 0.0f) s = tanhf(s / a->softcap) * a->softcap;
                 scores[j - lo] = s;
                 if (s > mx) mx = s;
             }
@@ -362,6 +364,11 @@ static const kn_backend_vtbl cpu_vtbl = {
     .softmax = cpu_softmax,
     .argmax_rows = cpu_argmax_rows,
     .read_bandwidth = cpu_read_bandwidth,
+    .softcap = kn_cpu_softcap,
+    .scale = kn_cpu_scale,
+    .sigmoid_gate_add = kn_cpu_sigmoid_gate_add,
+    .moe_route = kn_cpu_moe_route,
+    .moe_ffn = kn_cpu_moe_ffn,
 };
 
 /* Attention scratch holds one score row per thread; sized for the longest

@@ -19,6 +19,14 @@
 
 #include "backend/cuda/cuda_internal.h"
 
+/* cuda_ops_models.cu */
+extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap);
+extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s);
+extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
+extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
+                                  int32_t *idx, float *w);
+extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
+
 typedef kn_cuda_backend cuda_backend;
 
 static cuda_backend *cu(kn_backend *be) { return (cuda_backend *)be; }
@@ -581,6 +589,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
     cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax, cu_argmax_rows,
     cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end,
+    kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

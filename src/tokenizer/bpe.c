@@ -49,6 +49,19 @@ static kn_code add_merge(struct kn_tokenizer *t, const char *a, size_t na, const
     return KN_OK;
 }
 
+static kn_code fast_merges(const kn_vocab_fast *f, struct kn_tokenizer *t, kn_error *err) {
+    if (kn_u64map_init(&t->model.merges, f->n_merges)) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    kn_tbuf buf = {0};
+    kn_code rc = KN_OK;
+    const char *b = f->merge_bytes.p;
+    for (size_t i = 0; i < f->n_merges && !rc; i++) {
+        const uint32_t *q = f->merges + 4 * i;
+        rc = add_merge(t, b + q[0], q[1], b + q[2], q[3], (uint32_t)i, &buf, err);
+    }
+    kn_tbuf_free(&buf);
+    return rc;
+}
+
 static kn_code parse_merges(const json_t *merges, struct kn_tokenizer *t, kn_error *err) {
     if (!json_is_array(merges)) return kn_fail(err, KN_ERR_FORMAT, "BPE model: \"merges\" must be an array");
     size_t n = json_array_size(merges);
@@ -77,7 +90,7 @@ static kn_code parse_merges(const json_t *merges, struct kn_tokenizer *t, kn_err
     return rc;
 }
 
-kn_code kn_tokmodel_parse(const json_t *j, struct kn_tokenizer *t, kn_error *err) {
+kn_code kn_tokmodel_parse(const json_t *j, const kn_vocab_fast *fast, struct kn_tokenizer *t, kn_error *err) {
     kn_tokmodel *m = &t->model;
     const char *type = json_string_value(json_object_get(j, "type"));
     m->unk_id = -1;
@@ -110,6 +123,7 @@ kn_code kn_tokmodel_parse(const json_t *j, struct kn_tokenizer *t, kn_error *err
             snprintf(name, sizeof name, "<0x%02X>", b);
             m->byte_id[b] = kn_strmap_get(&m->vocab, name, 6);
         }
+        if (fast && fast->has_merges) return fast_merges(fast, t, err);
         return parse_merges(json_object_get(j, "merges"), t, err);
     }
     if (!strcmp(type, "WordPiece")) {

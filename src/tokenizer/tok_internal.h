@@ -204,6 +204,23 @@ void kn_added_trie_free(kn_added_trie *tr);
 kn_code kn_added_split(const struct kn_tokenizer *t, const kn_added_trie *tr, const char *s, size_t len,
                        int at_origin, kn_pieces *out);
 
+/* ---- fast path for model.vocab / model.merges (vocab_fast.c) ---------------- */
+typedef struct {
+    kn_tbuf strings;     /* vocab strings, each NUL-terminated */
+    uint32_t *vocab;     /* n_vocab triples: string offset, length, id */
+    size_t n_vocab;
+    kn_tbuf merge_bytes; /* merge strings */
+    uint32_t *merges;    /* n_merges quads: left offset, left length, right offset, right length */
+    size_t n_merges;
+    int has_merges;
+    char *rest; /* the document with vocab and merges blanked to {} and [] */
+    size_t rest_len;
+} kn_vocab_fast;
+
+/* 1 when the document has the common shape and f is filled; 0: use jansson. */
+int kn_vocab_fast_parse(const char *s, size_t n, kn_vocab_fast *f);
+void kn_vocab_fast_free(kn_vocab_fast *f);
+
 /* ---- models ------------------------------------------------------------------ */
 typedef enum { KN_MODEL_BPE, KN_MODEL_WORDPIECE, KN_MODEL_WORDLEVEL } kn_tokmodel_type;
 
@@ -223,7 +240,8 @@ typedef struct {
     int max_input_chars_per_word;
 } kn_tokmodel;
 
-kn_code kn_tokmodel_parse(const json_t *j, struct kn_tokenizer *t, kn_error *err);
+/* fast: merges from the fast path (NULL: read j's "merges"). */
+kn_code kn_tokmodel_parse(const json_t *j, const kn_vocab_fast *fast, struct kn_tokenizer *t, kn_error *err);
 void kn_tokmodel_free(kn_tokmodel *m);
 /* Tokenize one pre-token; ids are appended to out. */
 kn_code kn_tokmodel_encode_word(const struct kn_tokenizer *t, kn_tok_ctx *c, const char *w, size_t n, kn_ids *out,

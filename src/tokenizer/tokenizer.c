@@ -53,10 +53,60 @@ void kn_tokenizer_free(kn_tokenizer *t) {
 
 static int jflag(const json_t *o, const char *k) { return json_is_true(json_object_get(o, k)); }
 
+/* Allocate the id arrays for ids [0, max_id] and the model-vocab map. */
+static kn_code alloc_ids(kn_tokenizer *t, int64_t max_id, size_t n_vocab, size_t n_added, kn_error *err) {
+    if (max_id < 0) return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: empty vocabulary");
+    if ((size_t)max_id > 16 * (n_vocab + n_added) + 65536)
+        return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: ids are implausibly sparse (max id %lld for %zu tokens)",
+                       (long long)max_id, n_vocab + n_added);
+    t->n_ids = (int32_t)max_id + 1;
+    t->tok = calloc((size_t)t->n_ids, sizeof *t->tok);
+    t->tok_len = malloc((size_t)t->n_ids * sizeof *t->tok_len);
+    t->special = calloc((size_t)t->n_ids, 1);
+    if (!t->tok || !t->tok_len || !t->special) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    memset(t->tok_len, 0xff, (size_t)t->n_ids * sizeof *t->tok_len);
+    if (kn_strmap_init(&t->model.vocab, n_vocab, (const char *const *)t->tok, t->tok_len))
+        return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    t->model.n_model = (int32_t)n_vocab;
+    return KN_OK;
+}
+
+static kn_code max_added_id(const json_t *added, int64_t *max_id, kn_error *err) {
+    for (size_t i = 0; i < json_array_size(added); i++) {
+        const json_t *id = json_object_get(json_array_get(added, i), "id");
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_IDS)
+            return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: added_tokens[%zu] has an invalid id", i);
+        if (json_integer_value(id) > *max_id) *max_id = json_integer_value(id);
+    }
+    return KN_OK;
+}
+
+static kn_code load_vocab_fast(kn_tokenizer *t, kn_vocab_fast *f, const json_t *added, kn_error *err) {
+    int64_t max_id = -1;
+    for (size_t i = 0; i < f->n_vocab; i++) {
+        uint32_t id = f->vocab[3 * i + 2];
+        if (id >= MAX_IDS) return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: vocab id %u is too large", id);
+        if ((int64_t)id > max_id) max_id = id;
+    }
+    kn_code rc = max_added_id(added, &max_id, err);
+    if (!rc) rc = alloc_ids(t, max_id, f->n_vocab, json_array_size(added), err);
+    if (rc) return rc;
+    t->arena = f->strings.p; /* take ownership of the strings */
+    f->strings.p = NULL;
+    f->strings.n = f->strings.cap = 0;
+    for (size_t i = 0; i < f->n_vocab; i++) {
+        const uint32_t *e = f->vocab + 3 * i;
+        t->tok[e[2]] = t->arena + e[0];
+        t->tok_len[e[2]] = e[1];
+        if (kn_strmap_put(&t->model.vocab, (int32_t)e[2])) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    }
+    return KN_OK;
+}
+
 static kn_code load_vocab(kn_tokenizer *t, const json_t *vocab, const json_t *added, kn_error *err) {
     if (!json_is_object(vocab)) return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: model.vocab must be an object");
     size_t n_vocab = json_object_size(vocab), bytes = 0;
-    json_int_t max_id = -1;
+    int64_t max_id = -1;
     const char *key;
     size_t key_len;
     json_t *val;
@@ -66,25 +116,11 @@ static kn_code load_vocab(kn_tokenizer *t, const json_t *vocab, const json_t *ad
         if (json_integer_value(val) > max_id) max_id = json_integer_value(val);
         bytes += key_len + 1;
     }
-    for (size_t i = 0; i < json_array_size(added); i++) {
-        const json_t *id = json_object_get(json_array_get(added, i), "id");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_IDS)
-            return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: added_tokens[%zu] has an invalid id", i);
-        if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
-    }
-    if (max_id < 0) return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: empty vocabulary");
-    if ((size_t)max_id > 16 * (n_vocab + json_array_size(added)) + 65536)
-        return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: ids are implausibly sparse (max id %lld for %zu tokens)",
-                       (long long)max_id, n_vocab + json_array_size(added));
-    t->n_ids = (int32_t)max_id + 1;
-    t->tok = calloc((size_t)t->n_ids, sizeof *t->tok);
-    t->tok_len = malloc((size_t)t->n_ids * sizeof *t->tok_len);
-    t->special = calloc((size_t)t->n_ids, 1);
+    kn_code rc = max_added_id(added, &max_id, err);
+    if (!rc) rc = alloc_ids(t, max_id, n_vocab, json_array_size(added), err);
+    if (rc) return rc;
     t->arena = malloc(bytes + 1);
-    if (!t->tok || !t->tok_len || !t->special || !t->arena) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
-    memset(t->tok_len, 0xff, (size_t)t->n_ids * sizeof *t->tok_len);
-    if (kn_strmap_init(&t->model.vocab, n_vocab, (const char *const *)t->tok, t->tok_len))
-        return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    if (!t->arena) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     char *p = t->arena;
     json_object_keylen_foreach((json_t *)vocab, key, key_len, val) {
         int32_t id = (int32_t)json_integer_value(val);
@@ -95,7 +131,6 @@ static kn_code load_vocab(kn_tokenizer *t, const json_t *vocab, const json_t *ad
         p += key_len + 1;
         if (kn_strmap_put(&t->model.vocab, id)) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     }
-    t->model.n_model = (int32_t)n_vocab;
     return KN_OK;
 }
 
@@ -182,11 +217,18 @@ kn_code kn_tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
                                kn_error *err) {
     *out = NULL;
     json_error_t je;
-    json_t *root = json_loadb(tokenizer_json, len, JSON_ALLOW_NUL, &je);
-    if (!root) return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: %s (line %d, column %d)", je.text, je.line, je.column);
+    kn_vocab_fast fast;
+    int use_fast = kn_vocab_fast_parse(tokenizer_json, len, &fast);
+    json_t *root = use_fast ? json_loadb(fast.rest, fast.rest_len, JSON_ALLOW_NUL, &je)
+                            : json_loadb(tokenizer_json, len, JSON_ALLOW_NUL, &je);
+    if (!root) {
+        if (use_fast) kn_vocab_fast_free(&fast);
+        return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: %s (line %d, column %d)", je.text, je.line, je.column);
+    }
     tokenizer_box *box = calloc(1, sizeof *box);
     if (!box) {
         json_decref(root);
+        if (use_fast) kn_vocab_fast_free(&fast);
         return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     }
     kn_tokenizer *t = &box->t;
@@ -207,8 +249,9 @@ kn_code kn_tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
                      mtype);
         goto done;
     }
-    if ((rc = load_vocab(t, json_object_get(model, "vocab"), added, err))) goto done;
-    if ((rc = kn_tokmodel_parse(model, t, err))) goto done;
+    if ((rc = use_fast ? load_vocab_fast(t, &fast, added, err) : load_vocab(t, json_object_get(model, "vocab"), added, err)))
+        goto done;
+    if ((rc = kn_tokmodel_parse(model, use_fast ? &fast : NULL, t, err))) goto done;
     if ((rc = kn_normalizer_parse(json_object_get(root, "normalizer"), &t->normalizer, err))) goto done;
     if ((rc = kn_pretok_parse(json_object_get(root, "pre_tokenizer"), &t->pretok, err))) goto done;
     if ((rc = kn_decoder_parse(json_object_get(root, "decoder"), &t->decoder, err))) goto done;
@@ -238,6 +281,7 @@ kn_code kn_tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
     }
 done:
     json_decref(root);
+    if (use_fast) kn_vocab_fast_free(&fast);
     if (rc) {
         kn_tokenizer_free(t);
         return rc;

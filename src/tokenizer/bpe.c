@@ -320,7 +320,7 @@ nomem:
 static int cache_get(kn_tok_ctx *c, const char *w, size_t n, uint64_t h, kn_ids *out, int *hit) {
     *hit = 0;
     if (!c->cache_cap) return 0;
-    size_t j = (size_t)h & (c->cache_cap - 1);
+    size_t j = (size_t)(h >> 32) & (c->cache_cap - 1);
     while (c->cache_slot[j]) {
         uint32_t e = (uint32_t)(c->cache_slot[j] & 0xffffffffu) - 1;
         uint32_t *ent = c->cache_entry + 4 * (size_t)e;
@@ -333,21 +333,32 @@ static int cache_get(kn_tok_ctx *c, const char *w, size_t n, uint64_t h, kn_ids 
     return 0;
 }
 
+/* Grow the slot table (rehash) and the entry array; 0 on failure. */
+static int cache_grow(kn_tok_ctx *c) {
+    size_t cap = c->cache_cap ? c->cache_cap * 2 : 256;
+    uint64_t *slot = calloc(cap, sizeof *slot);
+    uint32_t *ent = realloc(c->cache_entry, 4 * sizeof *ent * (cap / 2));
+    if (!slot || !ent) {
+        free(slot);
+        if (ent) c->cache_entry = ent;
+        return 0;
+    }
+    c->cache_entry = ent;
+    for (size_t i = 0; i < c->cache_cap; i++) {
+        if (!c->cache_slot[i]) continue;
+        size_t j = (size_t)(c->cache_slot[i] >> 32) & (cap - 1);
+        while (slot[j]) j = (j + 1) & (cap - 1);
+        slot[j] = c->cache_slot[i];
+    }
+    free(c->cache_slot);
+    c->cache_slot = slot;
+    c->cache_cap = cap;
+    return 1;
+}
+
 static void cache_put(kn_tok_ctx *c, const char *w, size_t n, uint64_t h, const int32_t *ids, size_t n_ids) {
     if (c->cache_n >= CACHE_MAX_ENTRIES) return;
-    if (!c->cache_cap) {
-        c->cache_cap = 2 * CACHE_MAX_ENTRIES;
-        c->cache_slot = calloc(c->cache_cap, sizeof *c->cache_slot);
-        c->cache_entry = malloc(4 * sizeof *c->cache_entry * CACHE_MAX_ENTRIES);
-        if (!c->cache_slot || !c->cache_entry) {
-            free(c->cache_slot);
-            free(c->cache_entry);
-            c->cache_slot = NULL;
-            c->cache_entry = NULL;
-            c->cache_cap = 0;
-            return;
-        }
-    }
+    if ((c->cache_n + 1) * 2 > c->cache_cap && !cache_grow(c)) return;
     size_t koff = c->cache_keys.n, ioff = c->cache_ids.n;
     if (kn_tbuf_put(&c->cache_keys, w, n) || kn_ids_append(&c->cache_ids, ids, n_ids)) return;
     uint32_t e = (uint32_t)c->cache_n++;
@@ -356,7 +367,7 @@ static void cache_put(kn_tok_ctx *c, const char *w, size_t n, uint64_t h, const 
     ent[1] = (uint32_t)n;
     ent[2] = (uint32_t)ioff;
     ent[3] = (uint32_t)n_ids;
-    size_t j = (size_t)h & (c->cache_cap - 1);
+    size_t j = (size_t)(h >> 32) & (c->cache_cap - 1);
     while (c->cache_slot[j]) j = (j + 1) & (c->cache_cap - 1);
     c->cache_slot[j] = (h & 0xffffffff00000000ull) | (e + 1);
 }

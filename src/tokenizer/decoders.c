@@ -338,3 +338,14 @@ kn_code kn_decoder_apply(const kn_decoder *d, kn_tok_ctx *c, kn_pieces *io, kn_e
     *io = out;
     return KN_OK;
 }
+
+int kn_decoder_pending_bytes(const kn_decoder *d, const char *tok, size_t n) {
+    uint8_t b;
+    if (!d) return 0;
+    if (d->type == D_SEQUENCE) {
+        for (size_t i = 0; i < d->n_child; i++)
+            if (kn_decoder_pending_bytes(d->child[i], tok, n)) return 1;
+        return 0;
+    }
+    return d->type == D_BYTE_FALLBACK && byte_token(tok, n, &b);
+}

@@ -7,7 +7,10 @@
  * fallback sequence that a later token may complete), the part after P is
  * emitted and the window restarts at the ids just emitted (so decoders with a
  * first-token rule — Metaspace, Strip after Fuse — see the same first token
- * in both decodes). A window whose decode would be empty is kept whole, so
+ * in both decodes). While the last id is a byte-fallback token (<0xXX>) the
+ * run may still become U+FFFDs (HF replaces a whole invalid run), so nothing
+ * is emitted until a non-byte token or the flush. A window whose decode
+ * would be empty is kept whole, so
  * the first-token rules never touch newly emitted text. Invariant: the
  * concatenation of all deltas and the flush equals kn_tokenizer_decode of all
  * pushed ids (tests check it on every corpus string and tokenizer). */
@@ -24,6 +27,7 @@ struct kn_detok_stream {
     size_t n_emitted; /* the first n_emitted ids of win make up prefix */
     char *prefix;     /* decode(win[0..n_emitted)) */
     size_t prefix_len;
+    int in_byte_run; /* the last id the decoder sees is a <0xXX> byte token */
 };
 
 kn_code kn_detok_stream_new(const kn_tokenizer *t, int skip_special, kn_detok_stream **out, kn_error *err) {
@@ -67,6 +71,11 @@ kn_code kn_detok_stream_push(kn_detok_stream *s, int32_t id, char **delta, size_
         return kn_fail(err, KN_ERR_INVALID_ARG, "detokenize: id %d is outside the vocabulary (0..%d)", id,
                        s->t->n_ids - 1);
     if (kn_ids_push(&s->win, id)) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    /* an open byte-fallback run may still turn into U+FFFDs: wait for its end
+     * (ids the decoder never sees — skipped specials — do not end a run) */
+    if (s->t->tok_len[id] != KN_TOK_NONE && !(s->skip_special && s->t->special[id]))
+        s->in_byte_run = kn_decoder_pending_bytes(s->t->decoder, s->t->tok[id], s->t->tok_len[id]);
+    if (s->in_byte_run) return empty(delta, len, err);
     char *text;
     size_t n;
     kn_code rc = kn_tokenizer_decode(s->t, s->win.v, (int)s->win.n, s->skip_special, &text, &n, err);
@@ -128,5 +137,6 @@ kn_code kn_detok_stream_flush(kn_detok_stream *s, char **delta, size_t *len, kn_
     free(s->prefix);
     s->prefix = NULL;
     s->prefix_len = 0;
+    s->in_byte_run = 0;
     return rc;
 }

@@ -171,6 +171,9 @@ kn_code kn_pretok_apply(const kn_pretok *p, kn_tok_ctx *c, kn_pieces *io, kn_err
 kn_code kn_decoder_parse(const json_t *j, kn_decoder **out, kn_error *err);
 void kn_decoder_free(kn_decoder *d);
 kn_code kn_decoder_apply(const kn_decoder *d, kn_tok_ctx *c, kn_pieces *io, kn_error *err);
+/* 1 when d has a ByteFallback stage and tok is a <0xXX> token: a later byte
+ * token can still change how the current byte run decodes (streaming holds). */
+int kn_decoder_pending_bytes(const kn_decoder *d, const char *tok, size_t n);
 
 struct kn_tokenizer;
 kn_code kn_postproc_parse(const json_t *j, const struct kn_tokenizer *t, kn_postproc **out, kn_error *err);

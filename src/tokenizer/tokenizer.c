@@ -41,6 +41,9 @@ static void tokenizer_free_parts(kn_tokenizer *t) {
     free(t->arena);
     free(t->bos_token);
     free(t->eos_token);
+#ifdef KILN_HAVE_SENTENCEPIECE
+    kn_spm_free(t->spm);
+#endif
 }
 
 void kn_tokenizer_free(kn_tokenizer *t) {
@@ -290,6 +293,58 @@ done:
     return KN_OK;
 }
 
+static kn_code read_config(const char *dir, kn_tokenizer *t, kn_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (!kn_is_file(path)) return KN_OK;
+    json_error_t je;
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+    if (!cfg) return kn_fail(err, KN_ERR_FORMAT, "%s: %s (line %d)", path, je.text, je.line);
+    t->bos_token = config_token(cfg, "bos_token");
+    t->eos_token = config_token(cfg, "eos_token");
+    json_decref(cfg);
+    return KN_OK;
+}
+
+#ifdef KILN_HAVE_SENTENCEPIECE
+/* tokenizer.model only: SentencePiece does the work; the id arrays mirror its pieces. */
+static kn_code load_spm(const char *dir, const char *path, kn_tokenizer **out, kn_error *err) {
+    tokenizer_box *box = calloc(1, sizeof *box);
+    if (!box) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    kn_tokenizer *t = &box->t;
+    char msg[400];
+    kn_code rc = KN_OK;
+    if (kn_spm_load(path, &t->spm, msg, sizeof msg)) {
+        rc = kn_fail(err, KN_ERR_FORMAT, "%s", msg);
+        goto done;
+    }
+    t->n_ids = kn_spm_piece_count(t->spm);
+    t->tok = calloc((size_t)t->n_ids + 1, sizeof *t->tok);
+    t->tok_len = malloc(((size_t)t->n_ids + 1) * sizeof *t->tok_len);
+    t->special = calloc((size_t)t->n_ids + 1, 1);
+    if (!t->tok || !t->tok_len || !t->special || t->n_ids <= 0 ||
+        kn_strmap_init(&box->all, (size_t)t->n_ids, (const char *const *)t->tok, t->tok_len)) {
+        rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int32_t id = 0; id < t->n_ids && !rc; id++) {
+        size_t n;
+        t->tok[id] = (char *)kn_spm_piece(t->spm, id, &n);
+        t->tok_len[id] = (uint32_t)n;
+        t->special[id] = (uint8_t)kn_spm_is_control(t->spm, id);
+        if (kn_strmap_put(&box->all, id)) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    }
+    if (!rc) rc = read_config(dir, t, err);
+done:
+    if (rc) {
+        kn_tokenizer_free(t);
+        return rc;
+    }
+    *out = t;
+    return KN_OK;
+}
+#endif
+
 kn_code kn_tokenizer_load(const char *dir, kn_tokenizer **out, kn_error *err) {
     char path[4096];
     *out = NULL;
@@ -297,9 +352,15 @@ kn_code kn_tokenizer_load(const char *dir, kn_tokenizer **out, kn_error *err) {
     if (!kn_is_file(path)) {
         char spm[4096];
         snprintf(spm, sizeof spm, "%s/tokenizer.model", dir);
+#ifdef KILN_HAVE_SENTENCEPIECE
+        if (kn_is_file(spm)) return load_spm(dir, spm, out, err);
+#else
         if (kn_is_file(spm))
             return kn_fail(err, KN_ERR_UNSUPPORTED,
-                           "%s has only tokenizer.model (SentencePiece); kiln needs tokenizer.json", dir);
+                           "%s has only tokenizer.model (SentencePiece) and this build has no libsentencepiece; "
+                           "kiln needs tokenizer.json",
+                           dir);
+#endif
         return kn_fail(err, KN_ERR_NOT_FOUND, "%s: no tokenizer.json", dir);
     }
     char *js = NULL, *cfg = NULL;
@@ -378,6 +439,14 @@ kn_code kn_tokenizer_encode(const kn_tokenizer *t, const char *text, size_t len,
     size_t ok = len ? kn_utf8_valid_prefix(text, len) : 0;
     if (ok != len) return kn_fail(err, KN_ERR_INVALID_ARG, "encode: input is not valid UTF-8 (byte %zu)", ok);
     if (len > (size_t)INT32_MAX / 2) return kn_fail(err, KN_ERR_INVALID_ARG, "encode: input too large (%zu bytes)", len);
+#ifdef KILN_HAVE_SENTENCEPIECE
+    if (t->spm) {
+        char msg[400];
+        if (kn_spm_encode(t->spm, text ? text : "", len, add_special, ids, n_ids, msg, sizeof msg))
+            return kn_fail(err, KN_ERR_INTERNAL, "%s", msg);
+        return KN_OK;
+    }
+#endif
     kn_tok_ctx c;
     if (kn_tok_ctx_init(&c)) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     kn_ids out = {0};
@@ -405,6 +474,15 @@ kn_code kn_tokenizer_decode(const kn_tokenizer *t, const int32_t *ids, int n_ids
         if (ids[i] < 0 || ids[i] >= t->n_ids)
             return kn_fail(err, KN_ERR_INVALID_ARG, "decode: id %d is outside the vocabulary (0..%d)", ids[i],
                            t->n_ids - 1);
+#ifdef KILN_HAVE_SENTENCEPIECE
+    if (t->spm) { /* SentencePiece always drops control symbols */
+        char msg[400];
+        size_t l;
+        if (kn_spm_decode(t->spm, ids, n_ids, text, &l, msg, sizeof msg)) return kn_fail(err, KN_ERR_INTERNAL, "%s", msg);
+        if (len) *len = l;
+        return KN_OK;
+    }
+#endif
     kn_pieces p = {0};
     kn_tok_ctx c;
     if (kn_tok_ctx_init(&c)) return kn_fail(err, KN_ERR_NOMEM, "out of memory");

@@ -217,7 +217,7 @@ typedef struct {
     uint32_t *merges;    /* n_merges quads: left offset, left length, right offset, right length */
     size_t n_merges;
     int has_merges;
-    char *rest; /* the document with vocab and merges blanked to {} and [] */
+    char *rest; /* the document with vocab and merges replaced by {} and [] */
     size_t rest_len;
 } kn_vocab_fast;
 

@@ -325,18 +325,26 @@ int kn_vocab_fast_parse(const char *s, size_t n, kn_vocab_fast *f) {
         if (!parse_merges(&m, f) || m.i != span[1][1]) goto fail;
         f->has_merges = 1;
     }
-    /* the rest of the document, both values blanked to {} / [] (same length) */
-    f->rest = malloc(n + 1);
+    /* the rest of the document with both values replaced by {} / [] (only the
+     * small remainder is copied: vocab and merges are most of the bytes) */
+    size_t cut[2][2] = {{span[0][0], span[0][1]}, {span[1][0], span[1][1]}};
+    int first = !cut[1][1] || cut[0][0] < cut[1][0] ? 0 : 1;
+    f->rest = malloc(n + 8 - (span[0][1] - span[0][0]) - (span[1][1] - span[1][0]));
     if (!f->rest) goto fail;
-    memcpy(f->rest, s, n);
-    f->rest[n] = 0;
+    size_t pos = 0, o = 0;
     for (int k = 0; k < 2; k++) {
-        if (!span[k][1]) continue;
-        memset(f->rest + span[k][0], ' ', span[k][1] - span[k][0]);
-        f->rest[span[k][0]] = k == 0 ? '{' : '[';
-        f->rest[span[k][0] + 1] = k == 0 ? '}' : ']';
+        int w = k == 0 ? first : 1 - first;
+        if (!cut[w][1]) continue;
+        memcpy(f->rest + o, s + pos, cut[w][0] - pos);
+        o += cut[w][0] - pos;
+        memcpy(f->rest + o, w == 0 ? "{}" : "[]", 2);
+        o += 2;
+        pos = cut[w][1];
     }
-    f->rest_len = n;
+    memcpy(f->rest + o, s + pos, n - pos);
+    o += n - pos;
+    f->rest[o] = 0;
+    f->rest_len = o;
     return 1;
 fail:
     kn_vocab_fast_free(f);

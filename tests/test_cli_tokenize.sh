@@ -58,8 +58,8 @@ expect_error "usage" "$KILN" tokenize "$TMP/bl"
 expect_error "usage" "$KILN" detokenize "$TMP/bl"
 expect_error "unknown option" "$KILN" tokenize "$TMP/bl" "hi" --frob
 mkdir -p "$TMP/broken"
-echo '{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}' >"$TMP/broken/tokenizer.json"
-expect_error "Unigram" "$KILN" tokenize "$TMP/broken" "hi"
+echo '{"model": {"type": "Unigram", "vocab": [["a", 0.0]]}, "normalizer": {"type": "Precompiled"}}' >"$TMP/broken/tokenizer.json"
+expect_error "Precompiled" "$KILN" tokenize "$TMP/broken" "hi"
 echo '{"model": ' >"$TMP/broken/tokenizer.json"
 expect_error "tokenizer.json" "$KILN" tokenize "$TMP/broken" "hi"
 

@@ -34,7 +34,8 @@ static void test_errors(void) {
     expect_error("{", KN_ERR_FORMAT, "tokenizer.json");
     expect_error("[1, 2]", KN_ERR_FORMAT, "model");
     expect_error("{\"normalizer\": null}", KN_ERR_FORMAT, "model");
-    expect_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", 0.0]]}}", KN_ERR_UNSUPPORTED, "Unigram");
+    expect_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": {\"a\": 0}}}", KN_ERR_FORMAT, "Unigram");
+    expect_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", 0.0]], \"unk_id\": 5}}", KN_ERR_FORMAT, "unk_id");
     expect_error("{\"model\": {\"type\": \"Frobnicate\", \"vocab\": {}}}", KN_ERR_UNSUPPORTED, "Frobnicate");
     expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"\"}}",
                  KN_ERR_UNSUPPORTED, "Precompiled");
@@ -203,7 +204,7 @@ static void test_api(void) {
     kn_tokenizer_free(t);
 }
 
-static const char *const tiny_names[] = {"tiny_bytelevel", "tiny_spm", "tiny_legacy_spm", "tiny_suffix", "spm_bpe", "spm_unigram",
+static const char *const tiny_names[] = {"tiny_bytelevel", "tiny_spm", "tiny_legacy_spm", "tiny_suffix", "spm_bpe", "spm_unigram", "tiny_unigram",
                                          "tiny_split",     "tiny_wordpiece", "tiny_wordlevel"};
 
 static void test_tiny(void) {

@@ -22,24 +22,37 @@ static int trie_new_node(kn_added_trie *tr) {
     return (int)tr->n_nodes++;
 }
 
+int kn_trie_init(kn_added_trie *tr, size_t expected_nodes) {
+    memset(tr, 0, sizeof *tr);
+    if (kn_u64map_init(&tr->edges, expected_nodes) || trie_new_node(tr) < 0) {
+        kn_added_trie_free(tr);
+        return -1;
+    }
+    return 0;
+}
+
+int kn_trie_insert(kn_added_trie *tr, const char *s, size_t n, int32_t value) {
+    uint64_t node = 0;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t key = node << 8 | (uint8_t)s[k], child;
+        if (!kn_u64map_get(&tr->edges, key, &child)) {
+            int c = trie_new_node(tr);
+            if (c < 0 || kn_u64map_put(&tr->edges, key, (uint64_t)c)) return -1;
+            child = (uint64_t)c;
+        }
+        node = child;
+    }
+    tr->term[node] = value;
+    return 0;
+}
+
 kn_code kn_added_trie_build(kn_added_trie *tr, const kn_added_token *toks, size_t n, int normalized,
                             kn_error *err) {
-    memset(tr, 0, sizeof *tr);
-    if (kn_u64map_init(&tr->edges, 1024) || trie_new_node(tr) < 0) goto nomem;
+    if (kn_trie_init(tr, 1024)) goto nomem;
     for (size_t i = 0; i < n; i++) {
         const kn_added_token *a = &toks[i];
         if (!a->normalized != !normalized || !a->pattern_len) continue;
-        uint64_t node = 0;
-        for (uint32_t k = 0; k < a->pattern_len; k++) {
-            uint64_t key = node << 8 | (uint8_t)a->pattern[k], child;
-            if (!kn_u64map_get(&tr->edges, key, &child)) {
-                int c = trie_new_node(tr);
-                if (c < 0 || kn_u64map_put(&tr->edges, key, (uint64_t)c)) goto nomem;
-                child = (uint64_t)c;
-            }
-            node = child;
-        }
-        tr->term[node] = (int32_t)i;
+        if (kn_trie_insert(tr, a->pattern, a->pattern_len, (int32_t)i)) goto nomem;
     }
     return KN_OK;
 nomem:

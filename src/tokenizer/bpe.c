@@ -14,6 +14,8 @@
 #include "tokenizer/tok_internal.h"
 
 void kn_tokmodel_free(kn_tokmodel *m) {
+    free(m->scores);
+    if (m->has_pieces) kn_added_trie_free(&m->pieces);
     kn_strmap_free(&m->vocab);
     kn_u64map_free(&m->merges);
     free(m->unk_token);
@@ -142,8 +144,9 @@ kn_code kn_tokmodel_parse(const json_t *j, const kn_vocab_fast *fast, struct kn_
         m->type = KN_MODEL_WORDLEVEL;
         return KN_OK;
     }
-    return kn_fail(err, KN_ERR_UNSUPPORTED, "model type \"%s\" is not supported (supported: BPE, WordPiece, WordLevel)",
-                   type);
+    if (!strcmp(type, "Unigram")) return kn_unigram_parse(j, t, err);
+    return kn_fail(err, KN_ERR_UNSUPPORTED,
+                   "model type \"%s\" is not supported (supported: BPE, WordPiece, WordLevel, Unigram)", type);
 }
 
 /* ---- BPE word merge ------------------------------------------------------------ */
@@ -415,7 +418,7 @@ kn_code kn_tokmodel_encode_word(const struct kn_tokenizer *t, kn_tok_ctx *c, con
         return kn_ids_push(out, id) ? kn_fail(err, KN_ERR_NOMEM, "out of memory") : KN_OK;
     }
     if (m->type == KN_MODEL_WORDPIECE) return wordpiece_word(t, c, w, n, out, err);
-    if (m->ignore_merges) {
+    if (m->type == KN_MODEL_BPE && m->ignore_merges) {
         int32_t id = kn_strmap_get(&m->vocab, w, n);
         if (id >= 0) return kn_ids_push(out, id) ? kn_fail(err, KN_ERR_NOMEM, "out of memory") : KN_OK;
     }
@@ -428,7 +431,7 @@ kn_code kn_tokmodel_encode_word(const struct kn_tokenizer *t, kn_tok_ctx *c, con
         if (hit) return KN_OK;
     }
     size_t mark = out->n;
-    kn_code rc = bpe_word(t, c, w, n, out, err);
+    kn_code rc = m->type == KN_MODEL_UNIGRAM ? kn_unigram_word(t, c, w, n, out, err) : bpe_word(t, c, w, n, out, err);
     if (!rc && cacheable) cache_put(c, w, n, h, out->v + mark, out->n - mark);
     return rc;
 }

@@ -135,6 +135,8 @@ typedef struct kn_tok_ctx {
     size_t sym_cap;
     void *heap;
     size_t heap_cap;
+    void *uni; /* Unigram best-path nodes */
+    size_t uni_cap;
     /* word cache: word bytes -> ids (one encode call) */
     kn_tbuf cache_keys;
     kn_ids cache_ids;
@@ -199,6 +201,9 @@ typedef struct {
     size_t n_nodes, cap_nodes;
 } kn_added_trie;
 
+/* generic use (Unigram pieces): term[node] = value of the string ending there */
+int kn_trie_init(kn_added_trie *tr, size_t expected_nodes);
+int kn_trie_insert(kn_added_trie *tr, const char *s, size_t n, int32_t value);
 kn_code kn_added_trie_build(kn_added_trie *tr, const kn_added_token *toks, size_t n, int normalized,
                             kn_error *err);
 void kn_added_trie_free(kn_added_trie *tr);
@@ -226,7 +231,7 @@ int kn_vocab_fast_parse(const char *s, size_t n, kn_vocab_fast *f);
 void kn_vocab_fast_free(kn_vocab_fast *f);
 
 /* ---- models ------------------------------------------------------------------ */
-typedef enum { KN_MODEL_BPE, KN_MODEL_WORDPIECE, KN_MODEL_WORDLEVEL } kn_tokmodel_type;
+typedef enum { KN_MODEL_BPE, KN_MODEL_WORDPIECE, KN_MODEL_WORDLEVEL, KN_MODEL_UNIGRAM } kn_tokmodel_type;
 
 typedef struct {
     kn_tokmodel_type type;
@@ -242,11 +247,21 @@ typedef struct {
     int32_t byte_id[256]; /* "<0xXX>" ids for byte fallback, -1 absent */
     /* WordPiece */
     int max_input_chars_per_word;
+    /* Unigram: score per id, min score, piece trie (term = id) */
+    double *scores;
+    double min_score;
+    kn_added_trie pieces;
+    int has_pieces;
 } kn_tokmodel;
 
 /* fast: merges from the fast path (NULL: read j's "merges"). */
 kn_code kn_tokmodel_parse(const json_t *j, const kn_vocab_fast *fast, struct kn_tokenizer *t, kn_error *err);
 void kn_tokmodel_free(kn_tokmodel *m);
+/* Unigram (unigram.c) */
+kn_code kn_unigram_parse(const json_t *j, struct kn_tokenizer *t, kn_error *err);
+kn_code kn_unigram_word(const struct kn_tokenizer *t, kn_tok_ctx *c, const char *w, size_t n, kn_ids *out,
+                        kn_error *err);
+
 /* Tokenize one pre-token; ids are appended to out. */
 kn_code kn_tokmodel_encode_word(const struct kn_tokenizer *t, kn_tok_ctx *c, const char *w, size_t n, kn_ids *out,
                              kn_error *err);

@@ -468,6 +468,7 @@ void kn_tok_ctx_free(kn_tok_ctx *c) {
     kn_pieces_free(&c->pb);
     free(c->sym);
     free(c->heap);
+    free(c->uni);
     kn_tbuf_free(&c->cache_keys);
     free(c->cache_ids.v);
     free(c->cache_slot);

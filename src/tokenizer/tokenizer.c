@@ -106,6 +106,43 @@ static kn_code load_vocab_fast(kn_tokenizer *t, kn_vocab_fast *f, const json_t *
     return KN_OK;
 }
 
+/* Unigram: vocab is [[piece, score], ...]; the id is the position. */
+static kn_code load_vocab_unigram(kn_tokenizer *t, const json_t *vocab, const json_t *added, kn_error *err) {
+    if (!json_is_array(vocab) || !json_array_size(vocab))
+        return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: Unigram model.vocab must be a non-empty array");
+    size_t n = json_array_size(vocab), bytes = 0;
+    if (n >= MAX_IDS) return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: Unigram vocab too large");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(vocab, i);
+        if (!json_is_array(e) || json_array_size(e) != 2 || !json_is_string(json_array_get(e, 0)) ||
+            !json_is_number(json_array_get(e, 1)))
+            return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: Unigram vocab entry %zu must be [piece, score]", i);
+        bytes += json_string_length(json_array_get(e, 0)) + 1;
+    }
+    int64_t max_id = (int64_t)n - 1;
+    kn_code rc = max_added_id(added, &max_id, err);
+    if (!rc) rc = alloc_ids(t, max_id, n, json_array_size(added), err);
+    if (rc) return rc;
+    t->arena = malloc(bytes + 1);
+    t->model.scores = malloc(n * sizeof *t->model.scores);
+    if (!t->arena || !t->model.scores) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    char *p = t->arena;
+    t->model.min_score = 1e300;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(vocab, i), *str = json_array_get(e, 0);
+        size_t l = json_string_length(str);
+        memcpy(p, json_string_value(str), l + 1);
+        t->tok[i] = p;
+        t->tok_len[i] = (uint32_t)l;
+        p += l + 1;
+        double sc = json_number_value(json_array_get(e, 1));
+        t->model.scores[i] = sc;
+        if (sc < t->model.min_score) t->model.min_score = sc;
+        if (kn_strmap_put(&t->model.vocab, (int32_t)i)) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    }
+    return KN_OK;
+}
+
 static kn_code load_vocab(kn_tokenizer *t, const json_t *vocab, const json_t *added, kn_error *err) {
     if (!json_is_object(vocab)) return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: model.vocab must be an object");
     size_t n_vocab = json_object_size(vocab), bytes = 0;
@@ -247,13 +284,16 @@ kn_code kn_tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
         goto done;
     }
     const char *mtype = json_string_value(json_object_get(model, "type"));
-    if (mtype && strcmp(mtype, "BPE") && strcmp(mtype, "WordPiece") && strcmp(mtype, "WordLevel")) {
-        rc = kn_fail(err, KN_ERR_UNSUPPORTED, "model type \"%s\" is not supported (supported: BPE, WordPiece, WordLevel)",
-                     mtype);
+    if (mtype && strcmp(mtype, "BPE") && strcmp(mtype, "WordPiece") && strcmp(mtype, "WordLevel") &&
+        strcmp(mtype, "Unigram")) {
+        rc = kn_fail(err, KN_ERR_UNSUPPORTED,
+                     "model type \"%s\" is not supported (supported: BPE, WordPiece, WordLevel, Unigram)", mtype);
         goto done;
     }
-    if ((rc = use_fast ? load_vocab_fast(t, &fast, added, err) : load_vocab(t, json_object_get(model, "vocab"), added, err)))
-        goto done;
+    if (mtype && !strcmp(mtype, "Unigram")) rc = load_vocab_unigram(t, json_object_get(model, "vocab"), added, err);
+    else if (use_fast) rc = load_vocab_fast(t, &fast, added, err);
+    else rc = load_vocab(t, json_object_get(model, "vocab"), added, err);
+    if (rc) goto done;
     if ((rc = kn_tokmodel_parse(model, use_fast ? &fast : NULL, t, err))) goto done;
     if ((rc = kn_normalizer_parse(json_object_get(root, "normalizer"), &t->normalizer, err))) goto done;
     if ((rc = kn_pretok_parse(json_object_get(root, "pre_tokenizer"), &t->pretok, err))) goto done;

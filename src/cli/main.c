@@ -15,6 +15,8 @@ static const char usage[] =
     "        generate; with --ids the generated ids are printed to stdout, space-separated\n"
     "  logits MODEL --ids 1,2,3 --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
     "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--json]\n"
+    "  template MODEL --messages F.json [--tools F.json] [--no-generation-prompt] [--kwargs JSON] [--variant NAME]\n"
+    "        render the model's chat template (as transformers' apply_chat_template) to stdout\n"
     "\n"
     "common options: --backend cpu  --threads N  --kv f32\n"
     "MODEL is a directory in Hugging Face layout or a repo id present in the HF cache.\n";
@@ -76,11 +78,12 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return kn_cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return kn_cmd_logits(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return kn_cmd_bench(argc - 2, argv + 2);
-    static const char *const later[] = {"serve", "tokenize", "detokenize", "template", "mel", "transcribe",
+    if (!strcmp(cmd, "template")) return kn_cmd_template(argc - 2, argv + 2);
+    static const char *const later[] = {"serve", "tokenize", "detokenize", "mel", "transcribe",
                                         "quantize", "pull", "ls", "fit"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(cmd, later[i])) {
-            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench)\n", cmd);
+            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, template)\n", cmd);
             return 2;
         }
     return kn_cli_usage_error("unknown command \"%s\"", cmd);

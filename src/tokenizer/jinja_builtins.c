@@ -340,40 +340,55 @@ static int f_float(jctx *c, jv v, const jargs *a, jv *out) {
     }
 }
 
-static int f_format(jctx *c, jv v, const jargs *a, jv *out) {
+/* Python printf-style formatting: %s %r %d %i %f %% (with an optional
+ * precision for %f). Used by the format filter and by `str % args`. */
+int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, jv *out) {
     jv s;
-    if (soft_str(c, v, &s)) return -1;
+    if (soft_str(c, fmtv, &s)) return -1;
     jbuf b = {0};
     int rc = 0, ai = 0;
     for (size_t i = 0; i < s.s->len && !rc; i++) {
         char ch = s.s->s[i];
         if (ch != '%') { rc = jbuf_put(c, &b, &ch, 1); continue; }
         if (++i >= s.s->len) { rc = jfail(c, "incomplete format"); break; }
+        int prec = -1;
+        if (s.s->s[i] == '.') {
+            prec = 0;
+            while (++i < s.s->len && s.s->s[i] >= '0' && s.s->s[i] <= '9' && prec < 100) prec = prec * 10 + (s.s->s[i] - '0');
+            if (i >= s.s->len) { rc = jfail(c, "incomplete format"); break; }
+        }
         char k = s.s->s[i];
         if (k == '%') { rc = jbuf_put(c, &b, "%", 1); continue; }
-        if (ai >= a->n_pos) { rc = jfail(c, "not enough arguments for format string"); break; }
-        jv x = a->pos[ai++];
-        if (k == 's') rc = jv_write_str(c, &b, x);
+        if (ai >= n_args) { rc = jfail(c, "not enough arguments for format string"); break; }
+        jv x = args[ai++];
+        if (k == 's') rc = x.t == JV_UNDEF ? 0 : jv_write_str(c, &b, x);
         else if (k == 'r') rc = jv_write_repr(c, &b, x, 0);
         else if (k == 'd' || k == 'i') {
             char num[32];
             if (x.t == JV_INT || x.t == JV_BOOL) snprintf(num, sizeof num, "%lld", (long long)(x.t == JV_INT ? x.i : x.b));
-            else if (x.t == JV_FLOAT) snprintf(num, sizeof num, "%lld", (long long)x.f);
-            else { rc = jfail(c, "%%d format: a real number is required, not %s", jv_type_name(x)); break; }
+            else if (x.t == JV_FLOAT && fabs(x.f) < 9.2e18) snprintf(num, sizeof num, "%lld", (long long)x.f);
+            else { rc = jfail(c, "%%%c format: a real number is required, not %s", k, jv_type_name(x)); break; }
             rc = jbuf_puts(c, &b, num);
         } else if (k == 'f') {
-            char num[64];
+            char num[512];
             if (x.t != JV_INT && x.t != JV_FLOAT && x.t != JV_BOOL) { rc = jfail(c, "must be real number, not %s", jv_type_name(x)); break; }
-            snprintf(num, sizeof num, "%f", x.t == JV_FLOAT ? x.f : (double)(x.t == JV_INT ? x.i : x.b));
+            double d = x.t == JV_FLOAT ? x.f : (double)(x.t == JV_INT ? x.i : x.b);
+            if (fabs(d) > 1e300) { rc = jfail(c, "%%f of a huge number is not supported by kiln"); break; }
+            snprintf(num, sizeof num, "%.*f", prec < 0 ? 6 : prec, d);
             rc = jbuf_puts(c, &b, num);
         } else {
             rc = jfail(c, "format conversion '%%%c' is not supported by kiln", k);
         }
     }
-    if (!rc && ai < a->n_pos) rc = jfail(c, "not all arguments converted during string formatting");
+    if (!rc && ai < n_args) rc = jfail(c, "not all arguments converted during string formatting");
     if (!rc) *out = jv_str(c, b.p ? b.p : "", b.n);
     free(b.p);
     return rc || c->failed ? -1 : 0;
+}
+
+static int f_format(jctx *c, jv v, const jargs *a, jv *out) {
+    if (a->n_kw) return jfail(c, "format filter with keyword arguments is not supported by kiln");
+    return kn_jinja_printf(c, v, a->pos, a->n_pos, out);
 }
 
 static int f_indent(jctx *c, jv v, const jargs *a, jv *out) {

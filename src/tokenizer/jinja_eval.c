@@ -204,7 +204,11 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
     case OP_FLOORDIV:
     case OP_MOD:
         if (!is_num(a) || !is_num(b)) {
-            if (op == OP_MOD && a.t == JV_STR) return jfail(c, "printf-style '%%' string formatting is not supported");
+            if (op == OP_MOD && a.t == JV_STR) {
+                if (jv_is_seq(b) && b.l->is_tuple) return kn_jinja_printf(c, a, b.l->v, (int)b.l->n, out);
+                if (b.t == JV_DICT) return jfail(c, "%%(name)s formatting is not supported by kiln");
+                return kn_jinja_printf(c, a, &b, 1, out);
+            }
             return unsupported(c, op, a, b);
         }
         if (is_intlike(a) && is_intlike(b)) {
@@ -324,7 +328,10 @@ static int do_slice(jctx *c, jv obj, jv vs, jv ve, jv vst, jv *out) {
     jlist *items;
     int is_str = obj.t == JV_STR;
     if (obj.t == JV_UNDEF) return undef_error(c, obj);
-    if (!is_str && !jv_is_seq(obj)) return jfail(c, "'%s' object is not subscriptable", jv_type_name(obj));
+    if (!is_str && !jv_is_seq(obj)) { /* jinja2's getitem turns the TypeError into an undefined */
+        *out = jv_undef("object is not subscriptable");
+        return 0;
+    }
     if (jv_iter_list(c, obj, &items)) return -1;
     int64_t n = (int64_t)items->n;
     if (!hs) start = step > 0 ? 0 : n - 1;
@@ -400,6 +407,8 @@ int kn_jinja_call_macro(jctx *c, const jmacro *m, const jargs *a, jv *out) {
         if (i < np) {
             if (scope_set(c, s, def->params[i], a->pos[i])) return -1;
             set[i] = 1;
+        } else if (!(def->op & 1)) {
+            return jfail(c, "macro '%s' takes not more than %d argument(s)", def->name, np);
         } else if (jlist_push(c, varargs, a->pos[i])) {
             return -1;
         }
@@ -414,10 +423,11 @@ int kn_jinja_call_macro(jctx *c, const jmacro *m, const jargs *a, jv *out) {
                 found = 1;
             }
         if (found) continue;
-        if (!strcmp(a->kw_names[k], "caller")) {
+        if (!strcmp(a->kw_names[k], "caller") && (def->op & 4)) {
             if (scope_set(c, s, "caller", a->kw[k])) return -1;
             continue;
         }
+        if (!(def->op & 2)) return jfail(c, "macro '%s' takes no keyword argument '%s'", def->name, a->kw_names[k]);
         jv key = jv_cstr(c, a->kw_names[k]);
         if (c->failed || jdict_set(c, kwargs, key, a->kw[k])) return -1;
     }
@@ -635,9 +645,9 @@ static int exec_for(jctx *c, jscope *s, const jnode *n) {
         }
         items = kept;
     }
-    if (items->n == 0) return n->body2 ? exec(c, s, n->body2) : 0;
-    jloop *lp = jarena_alloc(&c->arena, sizeof(jloop) * items->n);
-    if (!lp) return joom(c);
+    jloop *lp = items->n ? jarena_alloc(&c->arena, sizeof(jloop) * items->n) : NULL;
+    if (items->n && !lp) return joom(c);
+    int completed = 0; /* jinja2 runs `else` unless some iteration ran its body to the end */
     for (size_t i = 0; i < items->n; i++) {
         if (++c->loops > c->lim->max_loop)
             return jfail(c, "rendering exceeded the loop iteration limit (%llu)", (unsigned long long)c->lim->max_loop);
@@ -651,7 +661,9 @@ static int exec_for(jctx *c, jscope *s, const jnode *n) {
         int rc = exec(c, is, n->c);
         if (rc < 0) return -1;
         if (rc == 1) break;
+        if (rc == 0) completed = 1;
     }
+    if (!completed && n->body2) return exec(c, s, n->body2);
     return 0;
 }
 

@@ -181,7 +181,10 @@ int kn_jinja_getitem(jctx *c, jv obj, jv key, jv *out) {
         break;
     case JV_LIST:
     case JV_STR:
-        if (obj.t == JV_LIST && obj.l->iter_name) return jfail(c, "'%s' object is not subscriptable", obj.l->iter_name);
+        if (obj.t == JV_LIST && obj.l->iter_name) { /* TypeError is swallowed by jinja2's getitem */
+            *out = undef_fmt(c, "'%s object' is not subscriptable%s", obj.l->iter_name, NULL);
+            return c->failed ? -1 : 0;
+        }
         if (key.t == JV_INT || key.t == JV_BOOL) {
             int64_t i = key.t == JV_INT ? key.i : key.b;
             if (obj.t == JV_LIST) {
@@ -443,13 +446,12 @@ static int split_impl(jctx *c, jv s, const jargs *a, int from_right, jv *out) {
     const char *str = s.s->s;
     size_t len = s.s->len;
     if (sep.t == JV_NONE) {
-        /* whitespace split */
-        jlist *parts = l;
+        /* whitespace split; the unsplit remainder keeps its outer whitespace, as in Python */
+        int64_t done = 0;
+        uint32_t cp;
         if (!from_right) {
             size_t i = 0;
-            int64_t done = 0;
             for (;;) {
-                uint32_t cp;
                 while (i < len) {
                     size_t nx = kn_utf8_next(str, len, i, &cp);
                     if (!kn_jinja_is_space(cp)) break;
@@ -457,15 +459,7 @@ static int split_impl(jctx *c, jv s, const jargs *a, int from_right, jv *out) {
                 }
                 if (i >= len) break;
                 if (maxsplit >= 0 && done >= maxsplit) {
-                    size_t e = len;
-                    while (e > i) {
-                        size_t st = e - 1;
-                        while (st > i && ((unsigned char)str[st] & 0xc0) == 0x80) st--;
-                        kn_utf8_next(str, len, st, &cp);
-                        if (!kn_jinja_is_space(cp)) break;
-                        e = st;
-                    }
-                    if (jlist_push(c, parts, jv_str(c, str + i, e - i))) return -1;
+                    if (jlist_push(c, l, jv_str(c, str + i, len - i))) return -1;
                     break;
                 }
                 size_t st = i;
@@ -474,45 +468,44 @@ static int split_impl(jctx *c, jv s, const jargs *a, int from_right, jv *out) {
                     if (kn_jinja_is_space(cp)) break;
                     i = nx;
                 }
-                if (jlist_push(c, parts, jv_str(c, str + st, i - st))) return -1;
+                if (jlist_push(c, l, jv_str(c, str + st, i - st))) return -1;
                 done++;
             }
         } else {
-            /* rsplit(None, n): collect all words then merge the leading ones */
-            jargs none = {0};
-            jv all;
-            if (split_impl(c, s, &none, 0, &all)) return -1;
-            int64_t n = (int64_t)all.l->n;
-            if (maxsplit < 0 || maxsplit >= n - 1) {
-                *out = all;
-                return 0;
-            }
-            /* head: from first word start to end of word n-maxsplit-1 (original spacing kept) */
-            int64_t keep = n - maxsplit;
-            const char *hs = memmem(str, len, all.l->v[0].s->s, all.l->v[0].s->len);
-            size_t off = (size_t)(hs - str);
-            /* find end of word keep-1 by scanning words */
-            size_t i = off;
-            uint32_t cp;
-            for (int64_t w = 0; w < keep; w++) {
-                while (i < len) {
-                    size_t nx = kn_utf8_next(str, len, i, &cp);
+            jlist *rev = jlist_new(c, 0);
+            if (!rev) return -1;
+            size_t e = len;
+            for (;;) {
+                while (e > 0) {
+                    size_t st = e - 1;
+                    while (st > 0 && ((unsigned char)str[st] & 0xc0) == 0x80) st--;
+                    kn_utf8_next(str, len, st, &cp);
                     if (!kn_jinja_is_space(cp)) break;
-                    i = nx;
+                    e = st;
                 }
-                while (i < len) {
-                    size_t nx = kn_utf8_next(str, len, i, &cp);
+                if (e == 0) break;
+                if (maxsplit >= 0 && done >= maxsplit) {
+                    if (jlist_push(c, rev, jv_str(c, str, e))) return -1;
+                    break;
+                }
+                size_t j = e;
+                while (j > 0) {
+                    size_t st = j - 1;
+                    while (st > 0 && ((unsigned char)str[st] & 0xc0) == 0x80) st--;
+                    kn_utf8_next(str, len, st, &cp);
                     if (kn_jinja_is_space(cp)) break;
-                    i = nx;
+                    j = st;
                 }
+                if (jlist_push(c, rev, jv_str(c, str + j, e - j))) return -1;
+                done++;
+                e = j;
             }
-            if (jlist_push(c, parts, jv_str(c, str + off, i - off))) return -1;
-            for (int64_t w = keep; w < n; w++)
-                if (jlist_push(c, parts, all.l->v[w])) return -1;
+            for (size_t k = rev->n; k-- > 0;)
+                if (jlist_push(c, l, rev->v[k])) return -1;
         }
         c->ops += l->n;
         *out = mk_list(c, l, 0);
-        return 0;
+        return c->failed ? -1 : 0;
     }
     if (want_str(c, sep, "sep")) return -1;
     if (sep.s->len == 0) return jfail(c, "empty separator");

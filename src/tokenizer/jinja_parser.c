@@ -788,6 +788,28 @@ static int parse_signature(parser *P, jnode *m) {
     return 0;
 }
 
+/* Does the subtree reference NAME as a variable? (jinja2 only lets a macro
+ * take extra positional / keyword arguments when its body uses varargs /
+ * kwargs, and `caller` only when it uses caller.) Nested macros are skipped. */
+static int uses_name(const jnode *n, const char *name, int depth) {
+    if (!n || depth > 400) return 0;
+    if (n->kind == E_NAME && !strcmp(n->name, name)) return 1;
+    if (n->kind == N_MACRO && depth > 0) return 0;
+    if (uses_name(n->a, name, depth + 1) || uses_name(n->b, name, depth + 1) || uses_name(n->c, name, depth + 1) ||
+        uses_name(n->filter, name, depth + 1) || uses_name(n->body2, name, depth + 1))
+        return 1;
+    for (int i = 0; i < n->n_kids; i++)
+        if (uses_name(n->kids[i], name, depth + 1)) return 1;
+    for (int i = 0; n->defaults && i < n->n_params; i++)
+        if (uses_name(n->defaults[i], name, depth + 1)) return 1;
+    return 0;
+}
+
+static void mark_macro(jnode *m) {
+    m->op = (uses_name(m->b, "varargs", 1) ? 1 : 0) | (uses_name(m->b, "kwargs", 1) ? 2 : 0) |
+            (uses_name(m->b, "caller", 1) ? 4 : 0);
+}
+
 static jnode *parse_macro(parser *P, int line) {
     static const char *const ends[] = {"endmacro", NULL};
     jnode *n = nnew(P, N_MACRO, line);
@@ -801,6 +823,7 @@ static jnode *parse_macro(parser *P, int line) {
     n->b = parse_body(P, ends);
     P->loop_depth = saved;
     if (!n->b) return NULL;
+    mark_macro(n);
     take_end(P);
     if (cur(P)->type == T_NAME) adv(P); /* {% endmacro name %} */
     if (expect_block_end(P)) return NULL;
@@ -819,6 +842,7 @@ static jnode *parse_call_block(parser *P, int line) {
     if (call->kind != E_CALL) return pfail(P, "expected call");
     n->a = call;
     if (expect_block_end(P) || !(caller->b = parse_body(P, ends))) return NULL;
+    mark_macro(caller);
     take_end(P);
     if (expect_block_end(P)) return NULL;
     n->body2 = caller;

@@ -6,8 +6,9 @@ BUILD_ASAN ?= build-asan
 BUILD_FUZZ ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+FUZZ_TEMPLATE_SECONDS ?= 20
 
-APT_BUILD = build-essential cmake pkg-config libjansson-dev
+APT_BUILD = build-essential cmake pkg-config libjansson-dev libutf8proc-dev
 APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -58,6 +59,10 @@ fuzz: deps-test
 	rm -rf $(BUILD_FUZZ)/corpus && cp -r tests/fuzz/corpus_safetensors $(BUILD_FUZZ)/corpus
 	./$(BUILD_FUZZ)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_chat_template
+	rm -rf $(BUILD_FUZZ)/corpus_tmpl && cp -r tests/fuzz/corpus_chat_template $(BUILD_FUZZ)/corpus_tmpl
+	./$(BUILD_FUZZ)/fuzz_chat_template -max_total_time=$(FUZZ_TEMPLATE_SECONDS) -rss_limit_mb=2048 -timeout=10 \
+	    -dict=tests/fuzz/chat_template.dict -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_tmpl
 
 bench: build
 	./$(BUILD)/kiln bench --synthetic bench/shapes/llama-0.44b.json --prompt 128 --gen 64 --threads 2

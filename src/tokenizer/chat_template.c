@@ -216,6 +216,13 @@ static int set_var(jctx *c, jdict *vars, const char *name, jv v) {
 kn_code kn_chat_template_render(const kn_chat_template *t, const json_t *messages, const json_t *tools,
                                 int add_generation_prompt, const json_t *kwargs, char **out, size_t *len,
                                 kn_error *err) {
+    return kn_chat_template_render_limited(t, messages, tools, add_generation_prompt, kwargs, &kn_jinja_default_limits,
+                                           out, len, err);
+}
+
+kn_code kn_chat_template_render_limited(const kn_chat_template *t, const json_t *messages, const json_t *tools,
+                                        int add_generation_prompt, const json_t *kwargs, const jlimits *lim, char **out,
+                                        size_t *len, kn_error *err) {
     *out = NULL;
     if (len) *len = 0;
     if (!t) return kn_fail(err, KN_ERR_INVALID_ARG, "chat template: none loaded");
@@ -234,7 +241,7 @@ kn_code kn_chat_template_render(const kn_chat_template *t, const json_t *message
     jctx *c = calloc(1, sizeof *c);
     if (!c) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     c->t = &t->t;
-    c->lim = &kn_jinja_default_limits;
+    c->lim = lim;
     c->arena.limit = c->lim->max_arena;
     jbuf outb = {0};
     kn_code rc = KN_OK;

@@ -489,7 +489,7 @@ static int f_list(jctx *c, jv v, const jargs *a, jv *out) {
     jlist *l, *cp;
     if (seq_items(c, v, &l)) return -1;
     if (!(cp = jlist_new(c, l->n))) return -1;
-    memcpy(cp->v, l->v, l->n * sizeof(jv));
+    if (l->n) memcpy(cp->v, l->v, l->n * sizeof(jv));
     cp->n = l->n;
     *out = list_val(cp, 0);
     return 0;

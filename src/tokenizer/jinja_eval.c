@@ -168,8 +168,8 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         if (a.t == JV_LIST && b.t == JV_LIST && a.l->is_tuple == b.l->is_tuple && !a.l->iter_name && !b.l->iter_name) {
             jlist *l = jlist_new(c, a.l->n + b.l->n);
             if (!l) return -1;
-            memcpy(l->v, a.l->v, a.l->n * sizeof(jv));
-            memcpy(l->v + a.l->n, b.l->v, b.l->n * sizeof(jv));
+            if (a.l->n) memcpy(l->v, a.l->v, a.l->n * sizeof(jv));
+            if (b.l->n) memcpy(l->v + a.l->n, b.l->v, b.l->n * sizeof(jv));
             l->n = a.l->n + b.l->n;
             l->is_tuple = a.l->is_tuple;
             out->t = JV_LIST;

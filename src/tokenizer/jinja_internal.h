@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tokenizer/chat_template.h"
+
 /* ---- arena ------------------------------------------------------------ */
 typedef struct jarena_chunk jarena_chunk;
 typedef struct {
@@ -251,6 +253,11 @@ int kn_jinja_printf(jctx *c, jv fmt, const jv *args, int n_args, jv *out);
 int kn_jinja_html_escape(jctx *c, jv v, jv *out);
 /* a jinja2 attribute path "a.b.0" applied with getitem semantics */
 int kn_jinja_attr_path(jctx *c, jv obj, const jstr *path, jv *out);
+
+/* kn_chat_template_render with explicit limits (tests, fuzzing). */
+kn_code kn_chat_template_render_limited(const kn_chat_template *t, const json_t *messages, const json_t *tools,
+                                        int add_generation_prompt, const json_t *kwargs, const jlimits *lim, char **out,
+                                        size_t *len, kn_error *err);
 
 /* UTF-8 helpers */
 size_t kn_utf8_next(const char *s, size_t len, size_t i, uint32_t *cp); /* returns next index */

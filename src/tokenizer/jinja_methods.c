@@ -964,7 +964,7 @@ int kn_jinja_call_func(jctx *c, const jfunc *fn, const jargs *a, jv *out) {
     case L_COPY: {
         jlist *l = jlist_new(c, s.l->n);
         if (!l) return -1;
-        memcpy(l->v, s.l->v, s.l->n * sizeof(jv));
+        if (s.l->n) memcpy(l->v, s.l->v, s.l->n * sizeof(jv));
         l->n = s.l->n;
         *out = mk_list(c, l, s.l->is_tuple);
         return 0;

@@ -48,7 +48,7 @@ void *jarena_alloc(jarena *a, size_t n) {
 char *jarena_strndup(jarena *a, const char *s, size_t n) {
     char *p = jarena_alloc(a, n + 1);
     if (!p) return NULL;
-    memcpy(p, s, n);
+    if (n) memcpy(p, s, n);
     p[n] = 0;
     return p;
 }

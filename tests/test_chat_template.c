@@ -268,6 +268,14 @@ static void test_errors(void) {
         CHECK(strstr(err.msg, syn[i].want) != NULL, "syntax case %zu: \"%s\" not in \"%s\"", i, syn[i].want, err.msg);
         free(out);
     }
+    /* templates are text: invalid UTF-8 is refused as Python's decoding would */
+    {
+        kn_chat_template *t = NULL;
+        CHECK(kn_chat_template_compile("ok\n{{ '\xff' }}", 13, "t.jinja", &t, &err) == KN_ERR_FORMAT && strstr(err.msg, "UTF-8") &&
+                  strstr(err.msg, "t.jinja:2:"),
+              "invalid UTF-8: %s", err.msg);
+        kn_chat_template_free(t);
+    }
     /* runtime errors name the line too */
     CHECK(render_src("ok\n{{ messages[0].content.nomethod() }}", "[{\"role\":\"user\",\"content\":\"x\"}]", &out, &err) != KN_OK,
           "calling a missing method must fail");

@@ -200,7 +200,7 @@ int kn_jinja_getitem(jctx *c, jv obj, jv key, jv *out) {
                 if (i >= 0 && i < n) {
                     size_t b = 0;
                     uint32_t cp;
-                    for (int64_t k = 0; k < i; k++) b = kn_utf8_next(obj.s->s, obj.s->len, b, &cp);
+                    for (int64_t k = 0; k < i && b < obj.s->len; k++) b = kn_utf8_next(obj.s->s, obj.s->len, b, &cp);
                     size_t e = kn_utf8_next(obj.s->s, obj.s->len, b, &cp);
                     *out = jv_str(c, obj.s->s + b, e - b);
                     return c->failed ? -1 : 0;
@@ -422,9 +422,12 @@ int kn_jinja_str_replace(jctx *c, jv s, jv old, jv rep, int64_t count, jv *out) 
 }
 
 static size_t cp_index(const jstr *s, size_t byte_off) {
-    size_t n = 0;
-    for (size_t i = 0; i < byte_off && i < s->len; i++)
-        if (((unsigned char)s->s[i] & 0xc0) != 0x80) n++;
+    size_t n = 0, i = 0;
+    uint32_t cp;
+    while (i < byte_off && i < s->len) {
+        i = kn_utf8_next(s->s, s->len, i, &cp);
+        n++;
+    }
     return n;
 }
 

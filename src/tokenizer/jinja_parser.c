@@ -990,6 +990,29 @@ int kn_jinja_parse(jtmpl *t, const char *src, size_t len, const char *name, cons
         snprintf(err, errlen, "%s: template is %zu bytes, over the limit of %zu", name, len, lim->max_source);
         return -1;
     }
+    /* Python reads templates as str: invalid UTF-8 cannot reach jinja2 */
+    int line = 1;
+    for (size_t i = 0; i < len;) {
+        unsigned char b = (unsigned char)src[i];
+        size_t n = b < 0x80 ? 1 : (b & 0xe0) == 0xc0 ? 2 : (b & 0xf0) == 0xe0 ? 3 : (b & 0xf8) == 0xf0 ? 4 : 0;
+        int ok = n > 0 && i + n <= len;
+        for (size_t k = 1; ok && k < n; k++) ok = ((unsigned char)src[i + k] & 0xc0) == 0x80;
+        if (ok && n == 2) ok = b >= 0xc2;
+        if (ok && n == 3) {
+            uint32_t cp = ((uint32_t)(b & 0x0f) << 12) | ((uint32_t)(src[i + 1] & 0x3f) << 6) | (uint32_t)(src[i + 2] & 0x3f);
+            ok = cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff);
+        }
+        if (ok && n == 4) {
+            uint32_t cp = ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(src[i + 1] & 0x3f) << 12);
+            ok = cp >= 0x10000 && cp <= 0x10ffff;
+        }
+        if (!ok) {
+            snprintf(err, errlen, "%s:%d: template is not valid UTF-8 (byte offset %zu)", name, line, i);
+            return -1;
+        }
+        if (b == '\n') line++;
+        i += n;
+    }
     jtok *toks;
     size_t n;
     if (kn_jinja_lex(&t->arena, src, len, t->name, &toks, &n, err, errlen)) return -1;

@@ -114,9 +114,13 @@ int kn_utf8_put(char *d, uint32_t cp) {
 }
 
 size_t jstr_ncp(const jstr *s) {
-    size_t n = 0;
-    for (size_t i = 0; i < s->len; i++)
-        if (((unsigned char)s->s[i] & 0xc0) != 0x80) n++;
+    /* counted with kn_utf8_next so that indexing agrees even on malformed bytes */
+    size_t n = 0, i = 0;
+    uint32_t cp;
+    while (i < s->len) {
+        i = kn_utf8_next(s->s, s->len, i, &cp);
+        n++;
+    }
     return n;
 }
 

@@ -323,6 +323,29 @@ static void test_errors(void) {
         CHECK(render_limited(deep, &lim, eb, sizeof eb) != 0, "deeply nested lists must fail cleanly");
         free(deep);
     }
+    /* long chains: 20000 elifs, a 20000-filter block, 20000 additions */
+    {
+        size_t n = 20000;
+        char *src = malloc(n * 24 + 64), *p = src;
+        p += sprintf(p, "{%% if false %%}");
+        for (size_t i = 0; i < n; i++) p += sprintf(p, "{%% elif false %%}");
+        p += sprintf(p, "{%% else %%}E{%% endif %%}");
+        CHECK(render_limited(src, &lim, eb, sizeof eb) == 0 || strstr(eb, "limit"), "long elif chain: %s", eb);
+        p = src;
+        p += sprintf(p, "{%% filter upper");
+        for (size_t i = 0; i < n; i++) p += sprintf(p, "|lower");
+        p += sprintf(p, " %%}x{%% endfilter %%}");
+        CHECK(render_limited(src, &lim, eb, sizeof eb) != 0 && strstr(eb, "depth"), "long filter block chain: %s", eb);
+        p = src;
+        p += sprintf(p, "{{ 1");
+        for (size_t i = 0; i < n; i++) p += sprintf(p, "+1");
+        p += sprintf(p, " }}");
+        CHECK(render_limited(src, &lim, eb, sizeof eb) != 0 && strstr(eb, "depth"), "long addition chain: %s", eb);
+        p = src;
+        p += sprintf(p, "{%% set ns = namespace(x=[]) %%}{%% for i in range(3000) %%}{%% set ns.x = [ns.x] %%}{%% endfor %%}{{ ns.x == ns.x }}{{ [ns.x] < [ns.x] }}");
+        CHECK(render_limited(src, &lim, eb, sizeof eb) != 0 && strstr(eb, "recursion"), "deep comparison: %s", eb);
+        free(src);
+    }
     /* self-referencing nesting at run time */
     CHECK(render_limited("{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}", &lim, eb,
                          sizeof eb) != 0,

@@ -460,7 +460,10 @@ static int eval_filter(jctx *c, jscope *s, const jnode *n, const jv *base, jv *o
     if (!n->a) {
         operand = *base;
     } else if (base && n->a->kind == E_FILTER) {
-        if (eval_filter(c, s, n->a, base, &operand)) return -1;
+        if (++c->depth > c->lim->max_depth) return jfail(c, "maximum recursion depth exceeded (%d)", c->lim->max_depth);
+        int rc = eval_filter(c, s, n->a, base, &operand);
+        c->depth--;
+        if (rc) return -1;
     } else if (eval(c, s, n->a, &operand)) {
         return -1;
     }
@@ -686,10 +689,24 @@ static int exec(jctx *c, jscope *s, const jnode *n) {
             if (v.t != JV_UNDEF) rc = jv_write_str(c, c->out, v);
         }
         break;
-    case N_IF:
-        if ((rc = eval(c, s, n->a, &v))) break;
-        if (jv_truthy(v)) rc = exec(c, s, n->b);
-        else if (n->body2) rc = exec(c, s, n->body2);
+    case N_IF: /* elif chains are N_IF nodes in body2: walk them without recursion */
+        for (const jnode *x = n;;) {
+            if ((rc = eval(c, s, x->a, &v))) break;
+            if (jv_truthy(v)) {
+                rc = exec(c, s, x->b);
+                break;
+            }
+            if (!x->body2) break;
+            if (x->body2->kind != N_IF) {
+                rc = exec(c, s, x->body2);
+                break;
+            }
+            x = x->body2;
+            if (tick(c, x)) {
+                rc = -1;
+                break;
+            }
+        }
         break;
     case N_FOR: rc = exec_for(c, s, n); break;
     case N_SET:

@@ -672,23 +672,32 @@ static const char *take_end(parser *P) {
     return nm;
 }
 
+/* if/elif/else: an elif chain is built iteratively as nested N_IF in body2,
+ * so a long chain costs no parser stack. */
 static jnode *parse_if(parser *P, int line) {
     static const char *const ends[] = {"elif", "else", "endif", NULL};
     static const char *const end_only[] = {"endif", NULL};
-    jnode *n = nnew(P, N_IF, line);
-    if (!n || !(n->a = parse_tuple(P, 0, 0, NULL)) || expect_block_end(P)) return NULL;
-    if (!(n->b = parse_body(P, ends))) return NULL;
-    const char *e = take_end(P);
-    if (!strcmp(e, "elif")) {
-        if (!(n->body2 = parse_if(P, cur(P)->line))) return NULL;
-        return n; /* the nested if consumed endif */
-    }
-    if (!strcmp(e, "else")) {
-        if (expect_block_end(P) || !(n->body2 = parse_body(P, end_only))) return NULL;
-        take_end(P);
+    jnode *head = NULL, *tail = NULL;
+    for (;;) {
+        jnode *n = nnew(P, N_IF, line);
+        if (!n || !(n->a = parse_tuple(P, 0, 0, NULL)) || expect_block_end(P)) return NULL;
+        if (!(n->b = parse_body(P, ends))) return NULL;
+        if (tail) tail->body2 = n;
+        else head = n;
+        tail = n;
+        const char *e = take_end(P);
+        if (!strcmp(e, "elif")) {
+            line = cur(P)->line;
+            continue;
+        }
+        if (!strcmp(e, "else")) {
+            if (expect_block_end(P) || !(tail->body2 = parse_body(P, end_only))) return NULL;
+            take_end(P);
+        }
+        break;
     }
     if (expect_block_end(P)) return NULL;
-    return n;
+    return head;
 }
 
 static jnode *parse_for(parser *P, int line) {

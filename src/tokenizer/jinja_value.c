@@ -251,7 +251,16 @@ int jv_is_lazy(jv v) { return v.t == JV_LIST && v.l->iter_name && strncmp(v.l->i
 static int is_num(jv v) { return v.t == JV_INT || v.t == JV_FLOAT || v.t == JV_BOOL; }
 static double num_f(jv v) { return v.t == JV_FLOAT ? v.f : v.t == JV_INT ? (double)v.i : (double)v.b; }
 
-int jv_equal(jv a, jv b) {
+/* Python would raise RecursionError comparing absurdly deep values; here
+ * they compare unequal past this depth (never a stack overflow). */
+#define JV_MAX_COMPARE_DEPTH 400
+
+static int equal_d(jv a, jv b, int depth);
+
+int jv_equal(jv a, jv b) { return equal_d(a, b, 0); }
+
+static int equal_d(jv a, jv b, int depth) {
+    if (depth > JV_MAX_COMPARE_DEPTH) return 0;
     if (is_num(a) && is_num(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT) return (a.t == JV_INT ? a.i : a.b) == (b.t == JV_INT ? b.i : b.b);
         return num_f(a) == num_f(b);
@@ -264,13 +273,13 @@ int jv_equal(jv a, jv b) {
         if (a.l->iter_name || b.l->iter_name) return a.l == b.l;
         if (a.l->is_tuple != b.l->is_tuple || a.l->n != b.l->n) return 0;
         for (size_t i = 0; i < a.l->n; i++)
-            if (!jv_equal(a.l->v[i], b.l->v[i])) return 0;
+            if (!equal_d(a.l->v[i], b.l->v[i], depth + 1)) return 0;
         return 1;
     case JV_DICT:
         if (a.d->n != b.d->n) return 0;
         for (size_t i = 0; i < a.d->n; i++) {
             jv o;
-            if (!jdict_get(b.d, a.d->k[i], &o) || !jv_equal(a.d->v[i], o)) return 0;
+            if (!jdict_get(b.d, a.d->k[i], &o) || !equal_d(a.d->v[i], o, depth + 1)) return 0;
         }
         return 1;
     case JV_NS: return a.d == b.d;
@@ -299,8 +308,13 @@ const char *jv_type_name(jv v) {
     return "object";
 }
 
-int jv_compare(jctx *c, jv a, jv b, int *cmp) {
+static int compare_d(jctx *c, jv a, jv b, int *cmp, int depth);
+
+int jv_compare(jctx *c, jv a, jv b, int *cmp) { return compare_d(c, a, b, cmp, 0); }
+
+static int compare_d(jctx *c, jv a, jv b, int *cmp, int depth) {
     if (++c->ops > c->lim->max_ops) return jfail(c, "rendering exceeded the operation limit");
+    if (depth > JV_MAX_COMPARE_DEPTH) return jfail(c, "maximum recursion depth exceeded in comparison");
     if (is_num(a) && is_num(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT) {
             int64_t x = a.t == JV_INT ? a.i : a.b, y = b.t == JV_INT ? b.i : b.b;
@@ -320,7 +334,7 @@ int jv_compare(jctx *c, jv a, jv b, int *cmp) {
     if (a.t == JV_LIST && b.t == JV_LIST && a.l->is_tuple == b.l->is_tuple) {
         for (size_t i = 0; i < a.l->n && i < b.l->n; i++) {
             if (jv_equal(a.l->v[i], b.l->v[i])) continue;
-            return jv_compare(c, a.l->v[i], b.l->v[i], cmp);
+            return compare_d(c, a.l->v[i], b.l->v[i], cmp, depth + 1);
         }
         *cmp = a.l->n < b.l->n ? -1 : a.l->n > b.l->n;
         return 0;

@@ -340,45 +340,82 @@ static int f_float(jctx *c, jv v, const jargs *a, jv *out) {
     }
 }
 
-/* Python printf-style formatting: %s %r %d %i %f %% (with an optional
- * precision for %f). Used by the format filter and by `str % args`. */
+/* Python printf-style formatting: %[flags][width][.precision]conv with
+ * conv in s r d i u f F e E g G x X o c %. Used by the format filter and by
+ * `str % args`. Mapping keys (%(name)s) are not supported. */
 int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, jv *out) {
     jv s;
     if (soft_str(c, fmtv, &s)) return -1;
     jbuf b = {0};
     int rc = 0, ai = 0;
-    for (size_t i = 0; i < s.s->len && !rc; i++) {
-        char ch = s.s->s[i];
-        if (ch != '%') { rc = jbuf_put(c, &b, &ch, 1); continue; }
-        if (++i >= s.s->len) { rc = jfail(c, "incomplete format"); break; }
-        int prec = -1;
-        if (s.s->s[i] == '.') {
-            prec = 0;
-            while (++i < s.s->len && s.s->s[i] >= '0' && s.s->s[i] <= '9' && prec < 100) prec = prec * 10 + (s.s->s[i] - '0');
-            if (i >= s.s->len) { rc = jfail(c, "incomplete format"); break; }
+    const char *p = s.s->s, *end = p + s.s->len;
+    while (p < end && !rc) {
+        if (*p != '%') {
+            const char *q = memchr(p, '%', (size_t)(end - p));
+            if (!q) q = end;
+            rc = jbuf_put(c, &b, p, (size_t)(q - p));
+            p = q;
+            continue;
         }
-        char k = s.s->s[i];
+        p++;
+        char flags[8];
+        int nf = 0, width = -1, prec = -1;
+        while (p < end && strchr("-+ 0#", *p) && nf < 6) flags[nf++] = *p++;
+        flags[nf] = 0;
+        if (p < end && *p == '(') { rc = jfail(c, "%%(name)s formatting is not supported by kiln"); break; }
+        if (p < end && *p == '*') { rc = jfail(c, "'*' width in %% formatting is not supported by kiln"); break; }
+        while (p < end && *p >= '0' && *p <= '9') width = (width < 0 ? 0 : width) * 10 + (*p++ - '0');
+        if (p < end && *p == '.') {
+            prec = 0;
+            p++;
+            while (p < end && *p >= '0' && *p <= '9') prec = prec * 10 + (*p++ - '0');
+        }
+        if (p >= end) { rc = jfail(c, "incomplete format"); break; }
+        if (width > 4096 || prec > 4096) { rc = jfail(c, "format width or precision too large"); break; }
+        char k = *p++;
         if (k == '%') { rc = jbuf_put(c, &b, "%", 1); continue; }
         if (ai >= n_args) { rc = jfail(c, "not enough arguments for format string"); break; }
         jv x = args[ai++];
-        if (k == 's') rc = x.t == JV_UNDEF ? 0 : jv_write_str(c, &b, x);
-        else if (k == 'r') rc = jv_write_repr(c, &b, x, 0);
-        else if (k == 'd' || k == 'i') {
-            char num[32];
-            if (x.t == JV_INT || x.t == JV_BOOL) snprintf(num, sizeof num, "%lld", (long long)(x.t == JV_INT ? x.i : x.b));
-            else if (x.t == JV_FLOAT && fabs(x.f) < 9.2e18) snprintf(num, sizeof num, "%lld", (long long)x.f);
-            else { rc = jfail(c, "%%%c format: a real number is required, not %s", k, jv_type_name(x)); break; }
-            rc = jbuf_puts(c, &b, num);
-        } else if (k == 'f') {
-            char num[512];
-            if (x.t != JV_INT && x.t != JV_FLOAT && x.t != JV_BOOL) { rc = jfail(c, "must be real number, not %s", jv_type_name(x)); break; }
-            double d = x.t == JV_FLOAT ? x.f : (double)(x.t == JV_INT ? x.i : x.b);
-            if (fabs(d) > 1e300) { rc = jfail(c, "%%f of a huge number is not supported by kiln"); break; }
-            snprintf(num, sizeof num, "%.*f", prec < 0 ? 6 : prec, d);
-            rc = jbuf_puts(c, &b, num);
-        } else {
-            rc = jfail(c, "format conversion '%%%c' is not supported by kiln", k);
+        char spec[32], num[4200];
+        if (k == 's' || k == 'r') {
+            jbuf t = {0};
+            rc = k == 'r' ? jv_write_repr(c, &t, x, 0) : x.t == JV_UNDEF ? 0 : jv_write_str(c, &t, x);
+            size_t len = t.n, ncp = 0, i = 0;
+            uint32_t cp;
+            while (i < len && (prec < 0 || (int)ncp < prec)) { i = kn_utf8_next(t.p, len, i, &cp); ncp++; }
+            len = i;
+            int left = strchr(flags, '-') != NULL;
+            for (int pad = width - (int)ncp; !rc && !left && pad > 0; pad--) rc = jbuf_put(c, &b, " ", 1);
+            if (!rc && len) rc = jbuf_put(c, &b, t.p, len);
+            for (int pad = width - (int)ncp; !rc && left && pad > 0; pad--) rc = jbuf_put(c, &b, " ", 1);
+            free(t.p);
+            continue;
         }
+        int is_intconv = k == 'd' || k == 'i' || k == 'u' || k == 'x' || k == 'X' || k == 'o' || k == 'c';
+        int is_fconv = k == 'f' || k == 'F' || k == 'e' || k == 'E' || k == 'g' || k == 'G';
+        if (!is_intconv && !is_fconv) { rc = jfail(c, "unsupported format character '%c'", k); break; }
+        if (x.t != JV_INT && x.t != JV_FLOAT && x.t != JV_BOOL) {
+            rc = jfail(c, "%%%c format: a real number is required, not %s", k, jv_type_name(x));
+            break;
+        }
+        double d = x.t == JV_FLOAT ? x.f : (double)(x.t == JV_INT ? x.i : x.b);
+        if (is_intconv) {
+            if (k == 'c') { rc = jfail(c, "%%c formatting is not supported by kiln"); break; }
+            if ((k == 'x' || k == 'X' || k == 'o') && x.t == JV_FLOAT) { rc = jfail(c, "%%%c format: an integer is required, not float", k); break; }
+            if (x.t == JV_FLOAT && !(fabs(d) < 9.2e18)) { rc = jfail(c, "cannot convert float to integer"); break; }
+            long long v = x.t == JV_FLOAT ? (long long)d : (long long)(x.t == JV_INT ? x.i : x.b);
+            snprintf(spec, sizeof spec, "%%%s%s%s%s%s", flags, width >= 0 ? "*" : "", prec >= 0 ? ".*" : "", "ll",
+                     k == 'i' || k == 'u' ? "d" : (char[]){k, 0});
+            if (width >= 0 && prec >= 0) snprintf(num, sizeof num, spec, width, prec, v);
+            else if (width >= 0) snprintf(num, sizeof num, spec, width, v);
+            else if (prec >= 0) snprintf(num, sizeof num, spec, prec, v);
+            else snprintf(num, sizeof num, spec, v);
+        } else {
+            if (fabs(d) > 1e300 && (k == 'f' || k == 'F')) { rc = jfail(c, "%%f of a huge number is not supported by kiln"); break; }
+            snprintf(spec, sizeof spec, "%%%s*.*%c", flags, k);
+            snprintf(num, sizeof num, spec, width < 0 ? 0 : width, prec < 0 ? 6 : prec, d);
+        }
+        rc = jbuf_puts(c, &b, num);
     }
     if (!rc && ai < n_args) rc = jfail(c, "not all arguments converted during string formatting");
     if (!rc) *out = jv_str(c, b.p ? b.p : "", b.n);

@@ -398,11 +398,12 @@ static void test_load(void) {
     json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
     /* list of named templates, AddedToken-style bos */
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
-    write_file(p, "{\"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<B>\"}, \"eos_token\": \"<E>\", \"chat_template\": ["
-                  "{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ messages[0].content }}{{ eos_token }}\"},"
+    write_file(p, "{\"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<B>\"}, \"eos_token\": \"<E>\", \"pad_token\": null, "
+                  "\"unk_token\": \"<U>\", \"chat_template\": ["
+                  "{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ messages[0].content }}{{ eos_token }}{{ unk_token }}{{ pad_token is defined }}\"},"
                   "{\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}\"}]}");
     CHECK(kn_chat_template_load(dir, NULL, &t, &err) == KN_OK, "load default: %s", err.msg);
-    CHECK(t && kn_chat_template_render(t, msgs, NULL, 1, NULL, &out, &len, &err) == KN_OK && !strcmp(out, "D<B>hi<E>"),
+    CHECK(t && kn_chat_template_render(t, msgs, NULL, 1, NULL, &out, &len, &err) == KN_OK && !strcmp(out, "D<B>hi<E><U>False"),
           "default template with AddedToken bos: %s", out ? out : err.msg);
     free(out);
     out = NULL;

@@ -1,10 +1,11 @@
 /* chat_template.c — load a model's chat template and render it with the
  * variables transformers' apply_chat_template passes: messages, tools (None
- * when absent), documents (None), add_generation_prompt, bos_token and
- * eos_token from tokenizer_config.json, and chat_template_kwargs (which may
- * override bos/eos, as transformers' template kwargs do).
+ * when absent), documents (None), add_generation_prompt, the special tokens
+ * tokenizer_config.json defines (bos/eos/unk/sep/pad/cls/mask_token, as
+ * special_tokens_map), and chat_template_kwargs (which may override them, as
+ * transformers' template kwargs do).
  *
- * Owns: the compiled template (jtmpl arena) and copies of bos/eos. Renders
+ * Owns: the compiled template (jtmpl arena) and copies of the special tokens. Renders
  * share nothing mutable, so one template may render on many threads. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +27,15 @@ const jlimits kn_jinja_default_limits = {
     .max_parse_depth = 200,
 };
 
+/* The special tokens apply_chat_template passes to the template
+ * (tokenizer.special_tokens_map): only those the tokenizer defines. */
+static const char *const special_names[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                            "pad_token", "cls_token", "mask_token"};
+#define N_SPECIAL (sizeof special_names / sizeof *special_names)
+
 struct kn_chat_template {
     jtmpl t;
-    char *bos, *eos; /* NULL when the tokenizer has none */
+    char *special[N_SPECIAL]; /* NULL when the tokenizer has none */
 };
 
 kn_code kn_chat_template_compile(const char *source, size_t len, const char *name, kn_chat_template **out,
@@ -50,8 +57,7 @@ kn_code kn_chat_template_compile(const char *source, size_t len, const char *nam
 void kn_chat_template_free(kn_chat_template *t) {
     if (!t) return;
     jarena_free(&t->t.arena);
-    free(t->bos);
-    free(t->eos);
+    for (size_t i = 0; i < N_SPECIAL; i++) free(t->special[i]);
     free(t);
 }
 
@@ -153,10 +159,8 @@ kn_code kn_chat_template_load(const char *dir, const char *variant, kn_chat_temp
         if (rc) goto done;
     }
     if ((rc = kn_chat_template_compile(src, src_len, name, out, err))) goto done;
-    if (cfg) {
-        (*out)->bos = token_string(json_object_get(cfg, "bos_token"));
-        (*out)->eos = token_string(json_object_get(cfg, "eos_token"));
-    }
+    if (cfg)
+        for (size_t i = 0; i < N_SPECIAL; i++) (*out)->special[i] = token_string(json_object_get(cfg, special_names[i]));
 done:
     free(jinja);
     json_decref(cfg);
@@ -255,8 +259,8 @@ kn_code kn_chat_template_render_limited(const kn_chat_template *t, const json_t 
     }
     if (set_var(c, vars, "documents", jv_none()) || set_var(c, vars, "add_generation_prompt", jv_bool(add_generation_prompt)))
         goto fail;
-    if (t->bos && set_var(c, vars, "bos_token", jv_cstr(c, t->bos))) goto fail;
-    if (t->eos && set_var(c, vars, "eos_token", jv_cstr(c, t->eos))) goto fail;
+    for (size_t i = 0; i < N_SPECIAL; i++)
+        if (t->special[i] && set_var(c, vars, special_names[i], jv_cstr(c, t->special[i]))) goto fail;
     if (json_is_object(kwargs)) {
         const char *k;
         json_t *kv;

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "tokenizer/jinja_internal.h"
 
 typedef int (*filter_fn)(jctx *c, jv v, const jargs *a, jv *out);
@@ -300,6 +302,7 @@ static int f_int(jctx *c, jv v, const jargs *a, jv *out) {
     jarg(a, 1, "base", &basev);
     int64_t base = 10;
     if (to_int64(c, basev, "base", &base)) return -1;
+    if (v.t == JV_UNDEF) return undef_err(c, v); /* int(Undefined) raises */
     switch (v.t) {
     case JV_INT: *out = v; return 0;
     case JV_BOOL: *out = jv_int(v.b); return 0;
@@ -327,6 +330,7 @@ static int f_int(jctx *c, jv v, const jargs *a, jv *out) {
 static int f_float(jctx *c, jv v, const jargs *a, jv *out) {
     jv dflt = jv_float(0.0);
     jarg(a, 0, "default", &dflt);
+    if (v.t == JV_UNDEF) return undef_err(c, v); /* float(Undefined) raises */
     switch (v.t) {
     case JV_INT: *out = jv_float((double)v.i); return 0;
     case JV_BOOL: *out = jv_float(v.b); return 0;
@@ -433,7 +437,9 @@ static int f_indent(jctx *c, jv v, const jargs *a, jv *out) {
     jarg(a, 0, "width", &w);
     jarg(a, 1, "first", &first);
     jarg(a, 2, "blank", &blank);
-    if (soft_str(c, v, &s)) return -1;
+    if (v.t == JV_UNDEF) return undef_err(c, v);
+    if (v.t != JV_STR) return jfail(c, "unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
+    s = v;
     if (w.t == JV_STR) ind = w;
     else {
         int64_t n = 0;
@@ -852,6 +858,18 @@ static int f_truncate(jctx *c, jv v, const jargs *a, jv *out) {
     jarg(a, 2, "end", &endv);
     if (jarg(a, 3, "leeway", &lw) && lw.t == JV_NONE) lw = jv_int(5);
     int64_t length = 255, leeway = 5;
+    if (v.t != JV_STR) { /* jinja2 calls len() on the value itself */
+        if (v.t != JV_LIST && v.t != JV_DICT && v.t != JV_UNDEF) return jfail(c, "object of type '%s' has no len()", jv_type_name(v));
+        if (v.t == JV_UNDEF) return undef_err(c, v);
+        int64_t len = (int64_t)(v.t == JV_LIST ? v.l->n : v.d->n), ln = 255, lwv = 5;
+        if (lv.t == JV_INT) ln = lv.i;
+        if (lw.t == JV_INT) lwv = lw.i;
+        if (len <= ln + lwv) { /* short enough: returned as is */
+            *out = v;
+            return 0;
+        }
+        return jfail(c, "truncate of a long %s is not supported by kiln", jv_type_name(v));
+    }
     if (soft_str(c, v, &s) || to_int64(c, lv, "length", &length) || to_int64(c, lw, "leeway", &leeway)) return -1;
     jv end = endv;
     if (end.t == JV_UNDEF) end = jv_str(c, "...", 3);
@@ -905,6 +923,33 @@ static int f_urlencode(jctx *c, jv v, const jargs *a, jv *out) {
     return rc || c->failed ? -1 : 0;
 }
 
+/* jinja2 do_batch(value, linecount, fill_with=None): a generator of lists */
+static int f_batch(jctx *c, jv v, const jargs *a, jv *out) {
+    jv nv, fill = jv_none();
+    int has_fill = jarg(a, 1, "fill_with", &fill) && fill.t != JV_NONE;
+    int64_t n = 0;
+    if (!jarg(a, 0, "linecount", &nv) || to_int64(c, nv, "linecount", &n)) return jfail(c, "batch() needs a line count");
+    if (n <= 0) return jfail(c, "batch() line count must be positive");
+    jlist *l, *r, *cur = NULL;
+    if (seq_items(c, v, &l) || !(r = jlist_new(c, 0))) return -1;
+    for (size_t i = 0; i < l->n; i++) {
+        if (!cur && !(cur = jlist_new(c, 0))) return -1;
+        if (jlist_push(c, cur, l->v[i])) return -1;
+        if ((int64_t)cur->n == n) {
+            if (jlist_push(c, r, list_val(cur, 0))) return -1;
+            cur = NULL;
+        }
+    }
+    if (cur) {
+        while (has_fill && (int64_t)cur->n < n)
+            if (jlist_push(c, cur, fill)) return -1;
+        if (jlist_push(c, r, list_val(cur, 0))) return -1;
+    }
+    *out = list_val(r, 0);
+    r->iter_name = "generator";
+    return 0;
+}
+
 static int f_unsupported(jctx *c, jv v, const jargs *a, jv *out) { return -2; }
 
 typedef struct {
@@ -923,7 +968,7 @@ static const fdef filters[] = {
     {"sum", f_sum}, {"title", f_title}, {"tojson", f_tojson}, {"trim", f_trim}, {"unique", f_unique},
     {"upper", f_upper}, {"wordcount", f_wordcount},
     /* jinja2 built-ins kiln does not implement */
-    {"batch", f_unsupported}, {"filesizeformat", f_unsupported}, {"groupby", f_unsupported},
+    {"batch", f_batch}, {"filesizeformat", f_unsupported}, {"groupby", f_unsupported},
     {"pprint", f_unsupported}, {"random", f_unsupported}, {"slice", f_unsupported}, {"striptags", f_unsupported},
     {"truncate", f_truncate}, {"urlencode", f_urlencode}, {"urlize", f_unsupported},
     {"wordwrap", f_unsupported}, {"xmlattr", f_unsupported},
@@ -972,14 +1017,20 @@ static int cmp_test(jctx *c, jv v, jv o, const char *op, int *out) {
     return 0;
 }
 
-static int int_mod(jctx *c, jv v, int64_t m, int *zero) {
+/* Python `value % m` compared with `want` (ints and floats) */
+static int mod_is(jctx *c, jv v, int64_t m, int64_t want, int *out) {
     if (v.t == JV_INT || v.t == JV_BOOL) {
         int64_t x = v.t == JV_INT ? v.i : v.b;
-        *zero = m == -1 ? 1 : (x % m == 0);
+        if (m == -1) { *out = want == 0; return 0; }
+        int64_t r = x % m;
+        if (r != 0 && ((r < 0) != (m < 0))) r += m;
+        *out = r == want;
         return 0;
     }
     if (v.t == JV_FLOAT) {
-        *zero = fmod(v.f, (double)m) == 0;
+        double r = fmod(v.f, (double)m);
+        if (r != 0 && ((r < 0) != (m < 0))) r += (double)m;
+        *out = r == (double)want;
         return 0;
     }
     if (v.t == JV_UNDEF) return undef_err(c, v);
@@ -990,6 +1041,12 @@ int kn_jinja_apply_test(jctx *c, const char *name, jv v, const jargs *a, int *ou
     jv o;
     int has = jarg(a, 0, NULL, &o);
     if (++c->ops > c->lim->max_ops) return jfail(c, "rendering exceeded the operation limit");
+    static const char *const unary[] = {"defined", "undefined", "none", "boolean", "false", "true", "integer",
+                                        "float", "number", "string", "mapping", "iterable", "sequence", "callable",
+                                        "escaped", "lower", "upper", "even", "odd", "filter", "test", NULL};
+    for (int i = 0; unary[i]; i++)
+        if (!strcmp(unary[i], name) && a->n_pos + a->n_kw > 0)
+            return jfail(c, "test_%s() takes 1 positional argument but %d were given", name, 1 + a->n_pos + a->n_kw);
 #define IS(n) (!strcmp(name, n))
     if (IS("defined")) *out = v.t != JV_UNDEF;
     else if (IS("undefined")) *out = v.t == JV_UNDEF;
@@ -1004,28 +1061,29 @@ int kn_jinja_apply_test(jctx *c, const char *name, jv v, const jargs *a, int *ou
     else if (IS("mapping")) *out = v.t == JV_DICT;
     else if (IS("iterable")) *out = v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF;
     else if (IS("sequence")) *out = v.t == JV_STR || jv_is_seq(v) || v.t == JV_DICT;
-    else if (IS("callable")) *out = v.t == JV_MACRO || v.t == JV_FUNC;
+    else if (IS("callable")) *out = v.t == JV_MACRO || v.t == JV_FUNC || v.t == JV_UNDEF; /* Undefined has __call__ */
     else if (IS("escaped")) *out = 0;
-    else if (IS("lower") || IS("upper")) {
-        if (v.t != JV_STR) return jfail(c, "'%s' object has no attribute 'is%s'", jv_type_name(v), name);
-        jv r;
-        if (kn_jinja_str_case(c, v, IS("lower") ? JCASE_LOWER : JCASE_UPPER, &r)) return -1;
-        /* Python: islower() needs a cased char; approximate with "unchanged by lower() and changed by upper()" */
-        jv r2;
-        if (kn_jinja_str_case(c, v, IS("lower") ? JCASE_UPPER : JCASE_LOWER, &r2)) return -1;
-        *out = jv_equal(r, v) && !jv_equal(r2, v);
+    else if (IS("lower") || IS("upper")) { /* str(value).islower() / .isupper() */
+        jv sv;
+        if (v.t == JV_UNDEF) sv = jv_str(c, "", 0);
+        else if (jv_to_str(c, v, &sv)) return -1;
+        int cased = 0, lower = 0, upper = 0;
+        for (size_t i = 0; i < sv.s->len;) {
+            uint32_t cp;
+            i = kn_utf8_next(sv.s->s, sv.s->len, i, &cp);
+            utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
+            if (k == UTF8PROC_CATEGORY_LL) lower = cased = 1;
+            else if (k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LT) upper = cased = 1;
+        }
+        *out = IS("lower") ? cased && !upper : cased && !lower;
     } else if (IS("even") || IS("odd")) {
-        int zero;
-        if (int_mod(c, v, 2, &zero)) return -1;
-        *out = IS("even") ? zero : !zero;
+        if (mod_is(c, v, 2, IS("odd") ? 1 : 0, out)) return -1;
     } else if (IS("divisibleby")) {
         int64_t m = 1;
         if (!has) return jfail(c, "divisibleby needs an argument");
         if (to_int64(c, o, "divisibleby argument", &m)) return -1;
         if (m == 0) return jfail(c, "integer division or modulo by zero");
-        int zero;
-        if (int_mod(c, v, m, &zero)) return -1;
-        *out = zero;
+        if (mod_is(c, v, m, 0, out)) return -1;
     } else if (IS("eq") || IS("equalto") || IS("==") || IS("ne") || IS("!=") || IS("sameas")) {
         if (!has) return jfail(c, "test '%s' needs an argument", name);
         if (IS("sameas")) {

@@ -206,7 +206,10 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         if (!is_num(a) || !is_num(b)) {
             if (op == OP_MOD && a.t == JV_STR) {
                 if (jv_is_seq(b) && b.l->is_tuple) return kn_jinja_printf(c, a, b.l->v, (int)b.l->n, out);
-                if (b.t == JV_DICT) return jfail(c, "%%(name)s formatting is not supported by kiln");
+                if (b.t == JV_DICT && !memchr(a.s->s, '%', a.s->len)) { /* a mapping argument may go unused */
+                    *out = a;
+                    return 0;
+                }
                 return kn_jinja_printf(c, a, &b, 1, out);
             }
             return unsupported(c, op, a, b);
@@ -328,10 +331,9 @@ static int do_slice(jctx *c, jv obj, jv vs, jv ve, jv vst, jv *out) {
     jlist *items;
     int is_str = obj.t == JV_STR;
     if (obj.t == JV_UNDEF) return undef_error(c, obj);
-    if (!is_str && !jv_is_seq(obj)) { /* jinja2's getitem turns the TypeError into an undefined */
-        *out = jv_undef("object is not subscriptable");
-        return 0;
-    }
+    /* jinja2 compiles slices to plain Python subscripts: no undefined fallback */
+    if (obj.t == JV_DICT || obj.t == JV_NS) return jfail(c, "unhashable type: 'slice'");
+    if (!is_str && !jv_is_seq(obj)) return jfail(c, "'%s' object is not subscriptable", jv_type_name(obj));
     if (jv_iter_list(c, obj, &items)) return -1;
     int64_t n = (int64_t)items->n;
     if (!hs) start = step > 0 ? 0 : n - 1;

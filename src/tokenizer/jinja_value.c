@@ -455,7 +455,7 @@ int jv_write_repr(jctx *c, jbuf *b, jv v, int depth) {
     if (++c->ops > c->lim->max_ops) return jfail(c, "rendering exceeded the operation limit");
     char num[48];
     switch (v.t) {
-    case JV_UNDEF: return 0;
+    case JV_UNDEF: return depth ? jbuf_puts(c, b, "Undefined") : 0; /* str() is '', repr() 'Undefined' */
     case JV_NONE: return jbuf_puts(c, b, "None");
     case JV_BOOL: return jbuf_puts(c, b, v.b ? "True" : "False");
     case JV_INT: snprintf(num, sizeof num, "%lld", (long long)v.i); return jbuf_puts(c, b, num);

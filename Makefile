@@ -6,6 +6,7 @@ BUILD_ASAN ?= build-asan
 BUILD_FUZZ ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+FUZZ_TEMPLATE_SECONDS ?= 20
 
 APT_BUILD = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev
 APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev npm
@@ -82,6 +83,10 @@ fuzz: deps-test
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_tok
 	./$(BUILD_FUZZ)/fuzz_tokenizer_load -max_total_time=$(TOK_FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=65536 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_tokload
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_chat_template
+	rm -rf $(BUILD_FUZZ)/corpus_tmpl && cp -r tests/fuzz/corpus_chat_template $(BUILD_FUZZ)/corpus_tmpl
+	./$(BUILD_FUZZ)/fuzz_chat_template -max_total_time=$(FUZZ_TEMPLATE_SECONDS) -rss_limit_mb=2048 -timeout=10 \
+	    -dict=tests/fuzz/chat_template.dict -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_tmpl
 
 bench: build
 	./$(BUILD)/kiln bench --synthetic bench/shapes/llama-0.44b.json --prompt 128 --gen 64 --threads 2

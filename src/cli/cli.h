@@ -10,6 +10,7 @@ int kn_cmd_logits(int argc, char **argv);
 int kn_cmd_bench(int argc, char **argv);
 int kn_cmd_tokenize(int argc, char **argv);
 int kn_cmd_detokenize(int argc, char **argv);
+int kn_cmd_template(int argc, char **argv);
 
 /* Print "kiln: <message>" and return 1. */
 int kn_cli_error(const kn_error *err);

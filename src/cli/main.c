@@ -17,6 +17,8 @@ static const char usage[] =
     "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--host-logits] [--json]\n"
     "  tokenize MODEL TEXT [--special] [--json]   ids of TEXT (\"-\": stdin); --special adds BOS/EOS etc.\n"
     "  detokenize MODEL IDS... [--skip-special]   text of the ids\n"
+    "  template MODEL --messages F.json [--tools F.json] [--no-generation-prompt] [--kwargs JSON] [--variant NAME]\n"
+    "        render the model's chat template (as transformers' apply_chat_template) to stdout\n"
     "\n"
     "common options: --backend cpu  --threads N  --kv f32\n"
     "MODEL is a directory in Hugging Face layout or a repo id present in the HF cache.\n";
@@ -80,11 +82,11 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return kn_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return kn_cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "detokenize")) return kn_cmd_detokenize(argc - 2, argv + 2);
-    static const char *const later[] = {"serve", "template", "mel", "transcribe",
-                                        "quantize", "pull", "ls", "fit"};
+    if (!strcmp(cmd, "template")) return kn_cmd_template(argc - 2, argv + 2);
+    static const char *const later[] = {"serve", "mel", "transcribe", "quantize", "pull", "ls", "fit"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(cmd, later[i])) {
-            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, tokenize, detokenize)\n", cmd);
+            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, tokenize, detokenize, template)\n", cmd);
             return 2;
         }
     return kn_cli_usage_error("unknown command \"%s\"", cmd);

@@ -11,7 +11,7 @@ static const char usage[] =
     "usage: kiln <command> [options]\n"
     "\n"
     "commands:\n"
-    "  run MODEL --ids 1,2,3 [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--ignore-eos]\n"
+    "  run MODEL -p TEXT | --chat [-p TEXT] | --ids 1,2,3 [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--ignore-eos]\n"
     "        generate; with --ids the generated ids are printed to stdout, space-separated\n"
     "  logits MODEL --ids 1,2,3 --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
     "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--host-logits] [--json]\n"

@@ -169,6 +169,8 @@ typedef struct kn_backend_vtbl {
     int (*graph_replay)(kn_backend *be, uint64_t key);
     int (*graph_begin)(kn_backend *be, uint64_t key);
     int (*graph_end)(kn_backend *be, uint64_t key);
+    /* optional: device memory free and total, in bytes (NULL on the CPU) */
+    void (*memory_info)(kn_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* ---- model families ---- */
     /* x[i] = cap * tanh(x[i] / cap) (gemma2 final logit soft-capping) */
     void (*softcap)(kn_backend *be, float *x, int64_t n, float cap);
@@ -192,6 +194,9 @@ struct kn_backend {
      * dtype before multiplying (tensor-core GEMM); 0 = x is always used in
      * float32. Tests build their reference accordingly. */
     int matmul_x_rounding_min_rows;
+    /* fraction of the device's memory this process may fill (weights, KV
+     * cache, scratch); 0 = 0.9. Used where memory_info exists. */
+    double memory_fraction;
 };
 
 /* Create a backend by name ("cpu", or "cuda" in builds with KILN_CUDA).

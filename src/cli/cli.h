@@ -24,6 +24,7 @@ typedef struct {
     const char *backend;
     int n_threads;
     const char *kv;
+    double gpu_memory; /* --gpu-memory fraction; 0 = the library default */
 } kn_cli_common;
 
 /* Try to consume a common option at argv[*i]; 1 = consumed, 0 = not ours, -1 = error printed. */

@@ -20,7 +20,7 @@ static const char usage[] =
     "  template MODEL --messages F.json [--tools F.json] [--no-generation-prompt] [--kwargs JSON] [--variant NAME]\n"
     "        render the model's chat template (as transformers' apply_chat_template) to stdout\n"
     "\n"
-    "common options: --backend cpu  --threads N  --kv f32\n"
+    "common options: --backend cpu|cuda  --threads N  --kv f32  --gpu-memory FRACTION (of GPU memory; default 0.9)\n"
     "MODEL is a directory in Hugging Face layout or a repo id present in the HF cache.\n";
 
 int kn_cli_error(const kn_error *err) {
@@ -41,14 +41,19 @@ int kn_cli_usage_error(const char *fmt, ...) {
 int kn_cli_common_opt(kn_cli_common *c, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     kn_error err = {0};
-    if (!strcmp(a, "--backend") || !strcmp(a, "--threads") || !strcmp(a, "--kv")) {
+    if (!strcmp(a, "--backend") || !strcmp(a, "--threads") || !strcmp(a, "--kv") || !strcmp(a, "--gpu-memory")) {
         if (*i + 1 >= argc) {
             kn_cli_usage_error("%s needs a value", a);
             return -1;
         }
         const char *v = argv[++*i];
         if (!strcmp(a, "--backend")) c->backend = v;
-        else if (!strcmp(a, "--kv")) {
+        else if (!strcmp(a, "--gpu-memory")) {
+            if (kn_parse_float(a, v, 0.05, 1.0, &c->gpu_memory, &err)) {
+                kn_cli_error(&err);
+                return -1;
+            }
+        } else if (!strcmp(a, "--kv")) {
             if (strcmp(v, "f32") != 0) {
                 kn_cli_usage_error("--kv %s: KV format not available in this build (supported: f32)", v);
                 return -1;

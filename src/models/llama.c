@@ -181,6 +181,34 @@ static kn_code build_rope(kn_model *m, const kn_rope_config *r, kn_rope_table *o
     return KN_OK;
 }
 
+/* Memory planning: where the backend reports device memory, the KV pool
+ * gets what is left of memory_fraction of the device once weights and
+ * scratch are resident, capped at what max_seqs full-context sequences need.
+ * Fewer blocks than one full-context sequence is an error naming the
+ * numbers, never an out-of-memory crash later; requests beyond the pool are
+ * refused by kn_kv_seq_reserve. */
+static kn_code plan_kv_blocks(kn_model *m, int64_t *blocks, kn_error *err) {
+    kn_backend *be = m->be;
+    if (!be->vt->memory_info) return KN_OK;
+    size_t free_b = 0, total_b = 0;
+    be->vt->memory_info(be, &free_b, &total_b);
+    if (!total_b) return KN_OK;
+    const double frac = be->memory_fraction > 0 ? be->memory_fraction : 0.9;
+    const double used = (double)(total_b - free_b), budget = frac * (double)total_b - used;
+    const double reserve = 256.0 * (1 << 20); /* cuBLAS workspace, attention scratch, graphs */
+    const kn_model_config *c = &m->cfg;
+    const double per_block = 2.0 * c->n_layers * (double)KN_KV_BLOCK_SIZE * c->n_kv_heads * c->head_dim * sizeof(float);
+    const int64_t fit = budget > reserve ? (int64_t)((budget - reserve) / per_block) : 0;
+    if (fit < m->max_blocks)
+        return kn_fail(err, KN_ERR_NOMEM,
+                       "KV cache: %.2f GiB of the device's %.1f GiB budget (--gpu-memory %.2f) is left after the "
+                       "weights, room for %lld tokens; context %d needs %lld (lower --ctx or raise --gpu-memory)",
+                       budget > 0 ? budget / (1 << 30) : 0.0, frac * (double)total_b / (1 << 30), frac,
+                       (long long)fit * KN_KV_BLOCK_SIZE, m->max_context, (long long)m->max_blocks * KN_KV_BLOCK_SIZE);
+    if (*blocks > fit) *blocks = fit;
+    return KN_OK;
+}
+
 kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, kn_backend *be, int max_context,
                        int max_seqs, kn_model **out, kn_error *err) {
     *out = NULL;
@@ -272,8 +300,10 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for activations");
         goto fail;
     }
-    if ((rc = kn_kv_pool_create(be, c->n_layers, c->n_kv_heads, c->head_dim, KN_KV_BLOCK_SIZE,
-                                (int64_t)m->max_blocks * max_seqs, &m->kv, err)))
+    int64_t kv_blocks = (int64_t)m->max_blocks * max_seqs;
+    if ((rc = plan_kv_blocks(m, &kv_blocks, err))) goto fail;
+    if ((rc = kn_kv_pool_create(be, c->n_layers, c->n_kv_heads, c->head_dim, KN_KV_BLOCK_SIZE, kv_blocks, &m->kv,
+                                err)))
         goto fail;
     int n = snprintf(m->desc, sizeof m->desc, "%s: %d layers, hidden %d, heads %d/%d x %d, ffn %d, vocab %d, %s weights",
                      c->model_type, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads, c->head_dim,

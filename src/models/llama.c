@@ -409,8 +409,8 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
         }
         if (c->layer_rope[l]) {
             const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
-            op->rope(be, q, m->qkv_dim, n, c->n_heads, hd, m->d_pos, rt);
-            op->rope(be, k, m->qkv_dim, n, c->n_kv_heads, hd, m->d_pos, rt);
+            /* k's heads follow q's in the fused qkv row: one pass rotates both */
+            op->rope(be, q, m->qkv_dim, n, c->n_heads + c->n_kv_heads, hd, m->d_pos, rt);
         }
         op->kv_write(be, &m->kv->layers[l], k, v, m->qkv_dim, n, m->d_slots);
         kn_attention_args a = {

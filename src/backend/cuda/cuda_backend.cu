@@ -250,6 +250,25 @@ __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, i
  * lane. */
 #define GEMV_MAX_M 8
 template <int DT>
+__device__ __forceinline__ void unpack8w(uint4 u, float *f) {
+    if (DT == KN_DT_F32) {
+        f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+        return;
+    }
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (DT == KN_DT_BF16) {
+            f[2 * j] = __uint_as_float(v[j] << 16);
+            f[2 * j + 1] = __uint_as_float(v[j] & 0xffff0000u);
+        } else {
+            __half2 h = *(const __half2 *)&v[j];
+            float2 ff = __half22float2(h);
+            f[2 * j] = ff.x, f[2 * j + 1] = ff.y;
+        }
+    }
+}
+template <int DT>
 __device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
     uint4 u = *(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2));
     if (DT == KN_DT_F32) {
@@ -286,23 +305,32 @@ __global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const
     if (K % 8 == 0 && (((uintptr_t)x | (uintptr_t)w) & 15) == 0) {
         int64_t k = (int64_t)lane * per;
         const int64_t step = 32 * per;
-        for (; k + 3 * step + per <= K; k += 4 * step) { /* 4 loads in flight per lane */
-            float f[4][8];
+        /* U 16-byte weight loads in flight per lane before any is consumed
+         * (streamed past L1/L2 so x stays cached): deeper for small M, where
+         * registers allow, since a decode GEMV is latency-bound per warp */
+        constexpr int U = M <= 2 ? 8 : 4;
+        const char *wb = (const char *)w;
+        const int esz = DT == KN_DT_F32 ? 4 : 2;
+        for (; k + (U - 1) * step + per <= K; k += U * step) {
+            uint4 raw[U];
 #pragma unroll
-            for (int u = 0; u < 4; u++) load8w<DT>(w, row + k + u * step, f[u]);
+            for (int u = 0; u < U; u++) raw[u] = __ldcs((const uint4 *)(wb + (row + k + u * step) * esz));
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < U; u++) {
+                float f[8];
+                unpack8w<DT>(raw[u], f);
 #pragma unroll
                 for (int m = 0; m < M; m++) {
                     const float4 *xm = (const float4 *)(x + (int64_t)m * K + k + u * step);
                     float4 a = __ldg(xm);
-                    float s = f[u][0] * a.x + f[u][1] * a.y + f[u][2] * a.z + f[u][3] * a.w;
+                    float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
                     if (per == 8) {
                         float4 b = __ldg(xm + 1);
-                        s += f[u][4] * b.x + f[u][5] * b.y + f[u][6] * b.z + f[u][7] * b.w;
+                        s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
                     }
                     acc[m] += s;
                 }
+            }
         }
         for (; k + per <= K; k += step) {
             float f[8];

@@ -6,8 +6,8 @@
  * block tables) go through pinned staging memory asynchronously. Weights live
  * in device memory in their checkpoint dtype (F32/BF16/F16) and are widened
  * to f32 in registers.
- *   matmul M <= 8 : GEMV, one warp per output row, 16-byte weight loads
- *   matmul M > 8  : cuBLAS tensor-core GEMM (cuda_gemm.cu); a tiled SIMT
+ *   matmul M <= 2 : GEMV, one warp per output row, 16-byte weight loads
+ *   matmul M > 2  : cuBLAS tensor-core GEMM (cuda_gemm.cu); a tiled SIMT
  *                   kernel remains as the fallback
  *   attention     : flash-style paged GQA attention with split-K for decode
  *                   (cuda_attention.cu)
@@ -248,7 +248,7 @@ __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, i
  * loads (8 bf16/f16 or 4 f32 per lane per step), x with float4 loads, when
  * rows are 16-byte aligned (K % 8 == 0, aligned bases), else one element per
  * lane. */
-#define GEMV_MAX_M 8
+#define GEMV_MAX_M 2
 template <int DT>
 __device__ __forceinline__ void unpack8w(uint4 u, float *f) {
     if (DT == KN_DT_F32) {
@@ -374,7 +374,7 @@ static void gemv_dt(cudaStream_t s, const float *x, int M, const void *w, int64_
     switch (M) {
 #define GEMV_CASE(mm)                                                                                                  \
     case mm: k_gemv<DT, mm><<<blocks, warps * 32, 0, s>>>(x, w, N, K, bias, out, accumulate); break;
-        GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+        GEMV_CASE(1) GEMV_CASE(2) /* GEMV_MAX_M: beyond 2 rows x traffic dominates; cuBLAS wins */
 #undef GEMV_CASE
     }
 }

@@ -9,7 +9,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TEMPLATE_SECONDS ?= 20
 
 APT_BUILD = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev
-APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev npm
+APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps deps-test npm-deps build demo test test-unit test-asan fuzz bench clean
@@ -36,6 +36,10 @@ deps:
 
 deps-test:
 	$(call apt_install,$(APT_TEST))
+	@# Node + npm for the npm test packages: Debian's npm only where no npm is on PATH
+	@# (a NodeSource nodejs already ships npm and conflicts with Debian's package)
+	@command -v npm >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends npm; }
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release

@@ -243,7 +243,7 @@ __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, i
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = w[j] * (xi[j] * inv);
 }
 
-/* Decode-shaped matmul: one warp per output column n, up to 8 x rows read
+/* Decode-shaped matmul: one warp per output column n, up to GEMV_MAX_M x rows read
  * through L1 (x is tiny and shared by every warp). Weights stream with 16-byte
  * loads (8 bf16/f16 or 4 f32 per lane per step), x with float4 loads, when
  * rows are 16-byte aligned (K % 8 == 0, aligned bases), else one element per
@@ -270,22 +270,7 @@ __device__ __forceinline__ void unpack8w(uint4 u, float *f) {
 }
 template <int DT>
 __device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
-    uint4 u = *(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2));
-    if (DT == KN_DT_F32) {
-        f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
-        return;
-    }
-    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
-    for (int j = 0; j < 4; j++) {
-        if (DT == KN_DT_BF16) {
-            f[2 * j] = __uint_as_float(v[j] << 16);
-            f[2 * j + 1] = __uint_as_float(v[j] & 0xffff0000u);
-        } else {
-            __half2 h = *(const __half2 *)&v[j];
-            float2 ff = __half22float2(h);
-            f[2 * j] = ff.x, f[2 * j + 1] = ff.y;
-        }
-    }
+    unpack8w<DT>(*(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2)), f);
 }
 
 /* M is a template parameter so the accumulators stay in registers and the

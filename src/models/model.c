@@ -35,7 +35,7 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
     }
     kn_tensor_source src = {.find = st_find, .ctx = st, .outlives_model = 1};
     kn_model *m;
-    if ((rc = kn_model_build(&cfg, &src, be, ctx, 1, &m, err))) {
+    if ((rc = kn_model_build(&cfg, &src, be, ctx, o.max_seqs > 0 ? o.max_seqs : 1, &m, err))) {
         kn_st_close(st);
         return kn_fail_wrap(err, "%s", dir);
     }

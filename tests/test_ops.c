@@ -62,6 +62,10 @@ static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
     be->vt->matmul(be, dx, M, &w, with_bias ? db : NULL, dout);
     back(out, dout, (size_t)M * N * 4);
     kn_be_free(be, dx), kn_be_free(be, db);
+    /* a backend may round x to the weight dtype for large M (tensor cores) */
+    if (dt != KN_DT_F32 && be->matmul_x_rounding_min_rows && M >= be->matmul_x_rounding_min_rows)
+        for (int64_t i = 0; i < (int64_t)M * K; i++)
+            x[i] = dt == KN_DT_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16(x[i])) : kn_f16_to_f32(kn_f32_to_f16(x[i]));
     int bad = 0;
     for (int m = 0; m < M && bad < 3; m++)
         for (int n = 0; n < N && bad < 3; n++) {
@@ -275,6 +279,77 @@ static void test_swiglu_softmax_embed(void) {
     free(gu), free(out);
 }
 
+static double gelu_ref(double v, int approx) {
+    if (approx == KN_GELU_TANH) return 0.5 * v * (1 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    return 0.5 * v * (1 + erf(v / sqrt(2.0)));
+}
+
+static void test_layer_norm(int rows, int dim, int affine) {
+    int64_t stride = dim + 5;
+    size_t nb = (size_t)(rows * stride) * 4;
+    float *x = malloc(nb), *out = malloc(nb), *w = malloc((size_t)dim * 4), *b = malloc((size_t)dim * 4);
+    fill(x, rows * stride, 3.0f);
+    for (int64_t i = 0; i < rows * stride; i++) x[i] += 2.0f; /* nonzero mean */
+    fill(w, dim, 1.0f);
+    fill(b, dim, 0.5f);
+    poison(out, rows * stride);
+    float *dx = dev(x, nb), *dout = dev(out, nb), *dw = dev(w, (size_t)dim * 4), *db = dev(b, (size_t)dim * 4);
+    be->vt->layer_norm(be, dx, stride, dout, stride, rows, dim, affine ? dw : NULL, affine ? db : NULL, 1e-5f);
+    back(out, dout, nb);
+    kn_be_free(be, dx), kn_be_free(be, dw), kn_be_free(be, db);
+    for (int r = 0; r < rows; r++) {
+        double mean = 0, var = 0;
+        for (int j = 0; j < dim; j++) mean += x[r * stride + j];
+        mean /= dim;
+        for (int j = 0; j < dim; j++) var += (x[r * stride + j] - mean) * (x[r * stride + j] - mean);
+        var /= dim;
+        for (int j = 0; j < dim; j++) {
+            double v = (x[r * stride + j] - mean) / sqrt(var + 1e-5);
+            double ref = affine ? w[j] * v + b[j] : v;
+            if (!close_to(out[r * stride + j], ref, fabs(v) + 1, 2e-6)) {
+                CHECK(0, "layer_norm rows=%d dim=%d affine=%d [%d,%d]: got %g want %g", rows, dim, affine, r, j,
+                      out[r * stride + j], ref);
+                goto done;
+            }
+        }
+    }
+done:
+    free(x), free(out), free(w), free(b);
+}
+
+static void test_gelu_geglu(int approx) {
+    int rows = 5, dim = 301;
+    int64_t n = (int64_t)rows * dim;
+    float *x = malloc((size_t)n * 2 * 4), *out = malloc((size_t)n * 4);
+    fill(x, 2 * n, 8.0f);
+    poison(out, n);
+    float *dx = dev(x, (size_t)n * 2 * 4), *dout = dev(out, (size_t)n * 4);
+    be->vt->gelu(be, dx, n, dout, approx);
+    back(out, dout, (size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) {
+        double ref = gelu_ref(x[i], approx);
+        if (!close_to(out[i], ref, fabs(x[i]), 1e-6)) {
+            CHECK(0, "gelu approx=%d x=%g: got %g want %g", approx, x[i], out[i], ref);
+            break;
+        }
+    }
+    poison(out, n);
+    dout = dev(out, (size_t)n * 4);
+    be->vt->geglu(be, dx, rows, dim, dout, approx);
+    back(out, dout, (size_t)n * 4);
+    kn_be_free(be, dx);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < dim; j++) {
+            double g = x[r * 2 * dim + j], u = x[r * 2 * dim + dim + j], ref = gelu_ref(g, approx) * u;
+            if (!close_to(out[r * dim + j], ref, fabs(g * u), 1e-6)) {
+                CHECK(0, "geglu approx=%d [%d,%d]: got %g want %g", approx, r, j, out[r * dim + j], ref);
+                r = rows;
+                break;
+            }
+        }
+    free(x), free(out);
+}
+
 int main(void) {
     kn_error err = {0};
     const char *name = getenv("KILN_TEST_BACKEND");
@@ -309,6 +384,12 @@ int main(void) {
         }
     test_attention(4, 2, 64, 2100, 5, 0); /* long context */
     test_swiglu_softmax_embed();
+    test_layer_norm(1, 64, 1);
+    test_layer_norm(6, 384, 1);
+    test_layer_norm(3, 1280, 0);
+    test_layer_norm(2, 5, 1);
+    test_gelu_geglu(KN_GELU_ERF);
+    test_gelu_geglu(KN_GELU_TANH);
     kn_backend_destroy(be);
     return kn_test_done("test_ops");
 }

@@ -25,6 +25,10 @@
 
 typedef struct kn_backend kn_backend;
 
+/* GELU forms: exact (erf) as torch's nn.GELU(), or the tanh approximation
+ * (gelu_pytorch_tanh / gelu_new). */
+enum { KN_GELU_ERF = 0, KN_GELU_TANH = 1 };
+
 /* A weight matrix [rows, cols] owned by the backend (or borrowed from a
  * mapping that outlives it, see owned). */
 typedef struct {
@@ -91,18 +95,41 @@ typedef struct kn_backend_vtbl {
                      int n_tokens, const int32_t *slots);
     void (*attention)(kn_backend *be, const kn_attention_args *a);
     void (*swiglu)(kn_backend *be, const float *gate_up, int rows, int dim, float *out);
+    /* LayerNorm over each row of dim: (x - mean) / sqrt(var + eps) * w + b
+     * (w, b may be NULL: 1 and 0). */
+    void (*layer_norm)(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,
+                       int dim, const float *w, const float *b, float eps);
+    /* out[i] = gelu(x[i]) (out may equal x); approx KN_GELU_ERF or KN_GELU_TANH. */
+    void (*gelu)(kn_backend *be, const float *x, int64_t n, float *out, int approx);
+    /* gate_up [rows, 2*dim] (gate | up) -> out [rows, dim] = gelu(gate) * up */
+    void (*geglu)(kn_backend *be, const float *gate_up, int rows, int dim, float *out, int approx);
     void (*add)(kn_backend *be, float *y, const float *x, int64_t n);
     void (*gather_rows)(kn_backend *be, const float *x, int64_t dim, const int32_t *rows, int n, float *out);
     void (*softmax)(kn_backend *be, float *x, int rows, int dim);
     /* measurement: sustained memory read bandwidth in bytes/s (the floor
      * that memory-bound decode is compared against) */
     double (*read_bandwidth)(kn_backend *be);
+    /* Optional launch-free replay (NULL where a backend has none). A forward
+     * of one batch shape (key) is recorded once and then replayed with new
+     * index data. graph_replay: 1 if key was recorded and has been launched.
+     * graph_begin: 1 if the ops enqueued until graph_end are being recorded
+     * (not executed yet), 0 if they run eagerly (first sight of the key).
+     * graph_end: launches the recording; 0 if recording failed, and then the
+     * caller must enqueue the ops again (they will run eagerly). Index arrays
+     * and scratch pointers used inside must stay fixed for a key. */
+    int (*graph_replay)(kn_backend *be, uint64_t key);
+    int (*graph_begin)(kn_backend *be, uint64_t key);
+    int (*graph_end)(kn_backend *be, uint64_t key);
 } kn_backend_vtbl;
 
 struct kn_backend {
     const kn_backend_vtbl *vt;
     int n_threads;
     int max_positions; /* longest sequence attention supports; 0 = unlimited */
+    /* matmuls of at least this many rows may round x to the weight's 16-bit
+     * dtype before multiplying (tensor-core GEMM); 0 = x is always used in
+     * float32. Tests build their reference accordingly. */
+    int matmul_x_rounding_min_rows;
 };
 
 /* Create a backend by name ("cpu", or "cuda" in builds with KILN_CUDA).

@@ -247,7 +247,8 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
     m->max_context = max_context;
     m->max_seqs = max_seqs;
     m->max_chunk = MAX_CHUNK;
-    m->logits_rows = MAX_LOGIT_ROWS;
+    /* a decode step of every sequence fits one logits chunk */
+    m->logits_rows = max_seqs > MAX_LOGIT_ROWS ? (max_seqs < MAX_CHUNK ? max_seqs : MAX_CHUNK) : MAX_LOGIT_ROWS;
     kn_code rc = KN_OK;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto fail; }
@@ -328,35 +329,12 @@ int64_t kn_model_weight_bytes(const kn_model *m) {
     return b;
 }
 
-kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err) {
+/* Enqueue the whole forward of batch b (index arrays already uploaded);
+ * logits_host NULL leaves the (single) logits chunk on the backend. */
+static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) {
     const kn_model_config *c = &m->cfg;
     kn_backend *be = m->be;
     const int n = b->n_tokens, H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
-    if (n <= 0 || n > m->max_chunk || b->n_seqs > m->max_seqs)
-        return kn_fail(err, KN_ERR_INVALID_ARG, "forward: batch of %d tokens / %d sequences exceeds %d / %d", n,
-                       b->n_seqs, m->max_chunk, m->max_seqs);
-    int32_t slots[MAX_CHUNK];
-    for (int t = 0; t < n; t++) {
-        if (b->tokens[t] < 0 || b->tokens[t] >= c->vocab_size)
-            return kn_fail(err, KN_ERR_INVALID_ARG, "token id %d is outside the vocabulary (0..%d)", b->tokens[t],
-                           c->vocab_size - 1);
-        const kn_kv_seq *s = b->seqs[b->seq[t]];
-        if (b->pos[t] < 0 || b->pos[t] >= m->max_context || b->pos[t] / KN_KV_BLOCK_SIZE >= s->n_blocks)
-            return kn_fail(err, KN_ERR_INVALID_ARG, "position %d has no reserved KV block (context %d)", b->pos[t],
-                           m->max_context);
-        slots[t] = kn_kv_seq_slot(m->kv, s, b->pos[t]);
-    }
-    /* block tables, one row per sequence */
-    int32_t *bt_host = m->h_bt;
-    memset(bt_host, 0, (size_t)b->n_seqs * (size_t)m->max_blocks * sizeof(int32_t));
-    for (int s = 0; s < b->n_seqs; s++)
-        memcpy(bt_host + (size_t)s * m->max_blocks, b->seqs[s]->blocks, (size_t)b->seqs[s]->n_blocks * 4);
-    kn_be_upload(be, m->d_bt, bt_host, (size_t)b->n_seqs * (size_t)m->max_blocks * 4);
-    kn_be_upload(be, m->d_tokens, b->tokens, (size_t)n * 4);
-    kn_be_upload(be, m->d_pos, b->pos, (size_t)n * 4);
-    kn_be_upload(be, m->d_seq, b->seq, (size_t)n * 4);
-    kn_be_upload(be, m->d_slots, slots, (size_t)n * 4);
-
     const kn_backend_vtbl *op = be->vt;
     const float eps = (float)c->rms_norm_eps;
     op->embed(be, &m->embed, m->d_tokens, n, m->x);
@@ -390,12 +368,61 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     /* logits for the requested rows, a few rows at a time */
     for (int r0 = 0; r0 < b->n_logits; r0 += m->logits_rows) {
         int nr = b->n_logits - r0 < m->logits_rows ? b->n_logits - r0 : m->logits_rows;
-        kn_be_upload(be, m->d_rows, b->logit_rows + r0, (size_t)nr * 4);
-        op->gather_rows(be, m->x, H, m->d_rows, nr, m->xn);
+        op->gather_rows(be, m->x, H, m->d_rows + r0, nr, m->xn);
         op->rms_norm(be, m->xn, H, m->xn, H, nr, 1, H, m->final_norm, eps);
         op->matmul(be, m->xn, nr, &m->lm_head, NULL, m->logits);
-        kn_be_download(be, logits + (size_t)r0 * c->vocab_size, m->logits, (size_t)nr * c->vocab_size * sizeof(float));
+        if (logits_host) /* eager: fetch each chunk; recorded: the caller fetches the single chunk */
+            kn_be_download(be, logits_host + (size_t)r0 * c->vocab_size, m->logits,
+                           (size_t)nr * c->vocab_size * sizeof(float));
     }
+}
+
+kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    kn_backend *be = m->be;
+    const int n = b->n_tokens;
+    if (n <= 0 || n > m->max_chunk || b->n_seqs > m->max_seqs)
+        return kn_fail(err, KN_ERR_INVALID_ARG, "forward: batch of %d tokens / %d sequences exceeds %d / %d", n,
+                       b->n_seqs, m->max_chunk, m->max_seqs);
+    int32_t slots[MAX_CHUNK];
+    for (int t = 0; t < n; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= c->vocab_size)
+            return kn_fail(err, KN_ERR_INVALID_ARG, "token id %d is outside the vocabulary (0..%d)", b->tokens[t],
+                           c->vocab_size - 1);
+        const kn_kv_seq *s = b->seqs[b->seq[t]];
+        if (b->pos[t] < 0 || b->pos[t] >= m->max_context || b->pos[t] / KN_KV_BLOCK_SIZE >= s->n_blocks)
+            return kn_fail(err, KN_ERR_INVALID_ARG, "position %d has no reserved KV block (context %d)", b->pos[t],
+                           m->max_context);
+        slots[t] = kn_kv_seq_slot(m->kv, s, b->pos[t]);
+    }
+    /* block tables, one row per sequence */
+    int32_t *bt_host = m->h_bt;
+    memset(bt_host, 0, (size_t)b->n_seqs * (size_t)m->max_blocks * sizeof(int32_t));
+    for (int s = 0; s < b->n_seqs; s++)
+        memcpy(bt_host + (size_t)s * m->max_blocks, b->seqs[s]->blocks, (size_t)b->seqs[s]->n_blocks * 4);
+    kn_be_upload(be, m->d_bt, bt_host, (size_t)b->n_seqs * (size_t)m->max_blocks * 4);
+    kn_be_upload(be, m->d_tokens, b->tokens, (size_t)n * 4);
+    kn_be_upload(be, m->d_pos, b->pos, (size_t)n * 4);
+    kn_be_upload(be, m->d_seq, b->seq, (size_t)n * 4);
+    kn_be_upload(be, m->d_slots, slots, (size_t)n * 4);
+
+    if (b->n_logits > 0) kn_be_upload(be, m->d_rows, b->logit_rows, (size_t)b->n_logits * 4);
+
+    /* A decode-shaped batch (one token per sequence, logits in one chunk) is
+     * recorded once per shape and replayed where the backend supports it. */
+    const kn_backend_vtbl *op = be->vt;
+    uint64_t key = 0;
+    if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows)
+        key = ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) | 1u;
+    if (key && op->graph_replay(be, key)) {
+        kn_be_download(be, logits, m->logits, (size_t)b->n_logits * c->vocab_size * sizeof(float));
+        return KN_OK;
+    }
+    int recording = key && op->graph_begin(be, key);
+    forward_compute(m, b, key ? NULL : logits);
+    if (recording && !op->graph_end(be, key)) forward_compute(m, b, NULL);
+    if (key && b->n_logits > 0)
+        kn_be_download(be, logits, m->logits, (size_t)b->n_logits * c->vocab_size * sizeof(float));
     kn_be_sync(be);
     return KN_OK;
 }

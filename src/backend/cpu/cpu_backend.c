@@ -237,6 +237,43 @@ static void cpu_swiglu(kn_backend *be, const float *gate_up, int rows, int dim, 
     }
 }
 
+static void cpu_layer_norm(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,
+                           int dim, const float *w, const float *b, float eps) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows * dim > 8192)
+    for (int r = 0; r < rows; r++) {
+        const float *xi = x + r * x_stride;
+        float *oi = out + r * out_stride;
+        double sum = 0.0, ss = 0.0;
+        for (int j = 0; j < dim; j++) sum += xi[j];
+        double mean = sum / dim;
+        for (int j = 0; j < dim; j++) ss += (xi[j] - mean) * (xi[j] - mean);
+        float inv = 1.0f / sqrtf((float)(ss / dim) + eps), m = (float)mean;
+        for (int j = 0; j < dim; j++) {
+            float v = (xi[j] - m) * inv;
+            oi[j] = (w ? w[j] : 1.0f) * v + (b ? b[j] : 0.0f);
+        }
+    }
+}
+
+static inline float gelu_f(float v, int approx) {
+    if (approx == KN_GELU_TANH) return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    return 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+}
+
+static void cpu_gelu(kn_backend *be, const float *x, int64_t n, float *out, int approx) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) out[i] = gelu_f(x[i], approx);
+}
+
+static void cpu_geglu(kn_backend *be, const float *gate_up, int rows, int dim, float *out, int approx) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate_up + (int64_t)r * 2 * dim, *u = g + dim;
+        float *o = out + (int64_t)r * dim;
+        for (int j = 0; j < dim; j++) o[j] = gelu_f(g[j], approx) * u[j];
+    }
+}
+
 static void cpu_add(kn_backend *be, float *y, const float *x, int64_t n) {
     (void)be;
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
@@ -305,6 +342,9 @@ static const kn_backend_vtbl cpu_vtbl = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .layer_norm = cpu_layer_norm,
+    .gelu = cpu_gelu,
+    .geglu = cpu_geglu,
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .softmax = cpu_softmax,

@@ -1,26 +1,25 @@
-/* cuda_backend.cu — the CUDA implementation of the op interface (backend.h).
+/* cuda_backend.cu — the CUDA implementation of the op interface (backend.h):
+ * memory, uploads, graph recording and the small fused kernels.
  *
- * Correct-first kernels: every op of the CPU backend, same layouts and the
- * same float32 accumulation, enqueued on one stream owned by the backend (no
- * host synchronization inside a forward; uploads/downloads of small index
- * arrays go through the same stream). Weights live in device memory in their
- * checkpoint dtype (F32/BF16/F16) and are widened to f32 in registers.
- *   matmul M <= 8 : one warp per output row, x rows in shared memory
- *   matmul M > 8  : 64x64 shared-memory tiles, 4x4 outputs per thread
- *   attention     : one block per (token, head) over the paged cache,
- *                   scores in shared memory, exact softmax
- * Faster paths (cuBLASLt GEMM, split-K flash-decode, CUDA graphs) build on
- * this interface without changing it. */
+ * Everything is enqueued on one stream owned by the backend; a forward has
+ * no host synchronization inside it. Small uploads (token ids, positions,
+ * block tables) go through pinned staging memory asynchronously. Weights live
+ * in device memory in their checkpoint dtype (F32/BF16/F16) and are widened
+ * to f32 in registers.
+ *   matmul M <= 8 : GEMV, one warp per output row, 16-byte weight loads
+ *   matmul M > 8  : cuBLAS tensor-core GEMM (cuda_gemm.cu); a tiled SIMT
+ *                   kernel remains as the fallback
+ *   attention     : flash-style paged GQA attention with split-K for decode
+ *                   (cuda_attention.cu)
+ *   graphs        : a decode step of a fixed batch shape is captured once
+ *                   and replayed (graph_* in the vtable). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
 
-typedef struct {
-    kn_backend base;
-    cudaStream_t stream;
-    int device;
-} cuda_backend;
+typedef kn_cuda_backend cuda_backend;
 
 static cuda_backend *cu(kn_backend *be) { return (cuda_backend *)be; }
 
@@ -31,6 +30,7 @@ void kn_cuda_check(cudaError_t e, const char *what) {
 #define load_w kn_cuda_load_w
 
 cudaStream_t kn_cuda_stream(kn_backend *be) { return cu(be)->stream; }
+int kn_cuda_sm_count(kn_backend *be) { return cu(be)->sm_count; }
 
 /* ---- memory ---------------------------------------------------------- */
 
@@ -40,19 +40,129 @@ static void *cu_alloc(kn_backend *be, size_t bytes) {
     return p;
 }
 static void cu_free(kn_backend *be, void *p) { cudaFree(p); }
+static void graphs_clear(cuda_backend *c);
+
+void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes) {
+    cuda_backend *c = cu(be);
+    if (bytes <= c->scratch_bytes[slot]) return c->scratch[slot];
+    if (c->capturing) {
+        fprintf(stderr, "kiln: cuda scratch growth during graph capture (a kiln bug)\n");
+        return NULL;
+    }
+    /* recorded graphs point at the old buffer */
+    check(cudaStreamSynchronize(c->stream), "scratch sync");
+    graphs_clear(c);
+    cudaFree(c->scratch[slot]);
+    c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
+    size_t want = bytes + bytes / 4;
+    if (cudaMalloc(&c->scratch[slot], want) != cudaSuccess) return NULL;
+    c->scratch_bytes[slot] = want;
+    return c->scratch[slot];
+}
+
+static void staging_rewind(cuda_backend *c) { c->staging_used = 0; }
+
 static void cu_upload(kn_backend *be, void *d, const void *s, size_t n) {
-    check(cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, cu(be)->stream), "upload");
+    cuda_backend *c = cu(be);
+    size_t need = (n + 255) & ~(size_t)255;
+    if (c->staging && need <= c->staging_bytes) {
+        if (c->staging_used + need > c->staging_bytes) {
+            check(cudaStreamSynchronize(c->stream), "staging sync");
+            staging_rewind(c);
+        }
+        char *st = c->staging + c->staging_used;
+        memcpy(st, s, n);
+        c->staging_used += need;
+        check(cudaMemcpyAsync(d, st, n, cudaMemcpyHostToDevice, c->stream), "upload");
+        return;
+    }
+    check(cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream), "upload");
     /* callers may reuse the host buffer at once: wait for the copy */
-    check(cudaStreamSynchronize(cu(be)->stream), "upload sync");
+    check(cudaStreamSynchronize(c->stream), "upload sync");
+    staging_rewind(c);
 }
 static void cu_download(kn_backend *be, void *d, const void *s, size_t n) {
     check(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToHost, cu(be)->stream), "download");
     check(cudaStreamSynchronize(cu(be)->stream), "download sync");
+    staging_rewind(cu(be));
 }
-static void cu_sync(kn_backend *be) { check(cudaStreamSynchronize(cu(be)->stream), "sync"); }
+static void cu_sync(kn_backend *be) {
+    check(cudaStreamSynchronize(cu(be)->stream), "sync");
+    staging_rewind(cu(be));
+}
 static void cu_destroy(kn_backend *be) {
-    cudaStreamDestroy(cu(be)->stream);
+    cuda_backend *c = cu(be);
+    cudaStreamSynchronize(c->stream);
+    graphs_clear(c);
+    kn_cuda_gemm_destroy(be);
+    for (int i = 0; i < KN_CUDA_SCRATCH_COUNT; i++) cudaFree(c->scratch[i]);
+    if (c->staging) cudaFreeHost(c->staging);
+    cudaStreamDestroy(c->stream);
     free(be);
+}
+
+/* ---- graphs: record a forward once per batch shape, replay it ---------- */
+
+static void graphs_clear(cuda_backend *c) {
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+}
+static int graph_find(cuda_backend *c, uint64_t key) {
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == key) return i;
+    return -1;
+}
+static int cu_graph_replay(kn_backend *be, uint64_t key) {
+    cuda_backend *c = cu(be);
+    int i = graph_find(c, key);
+    if (c->graphs_disabled || i < 0 || !c->graphs[i].exec) return 0;
+    if (cudaGraphLaunch(c->graphs[i].exec, c->stream) != cudaSuccess) {
+        fprintf(stderr, "kiln: cuda graph launch failed; running without graphs\n");
+        c->graphs_disabled = 1;
+        return 0;
+    }
+    return 1;
+}
+static int cu_graph_begin(kn_backend *be, uint64_t key) {
+    cuda_backend *c = cu(be);
+    if (c->graphs_disabled) return 0;
+    int i = graph_find(c, key);
+    if (i < 0) { /* first sight: run eagerly (sizes scratch, warms cuBLAS) */
+        if (c->n_graphs == KN_CUDA_MAX_GRAPHS) return 0;
+        c->graphs[c->n_graphs].key = key, c->graphs[c->n_graphs].exec = NULL;
+        c->n_graphs++;
+        return 0;
+    }
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        c->graphs_disabled = 1;
+        return 0;
+    }
+    c->capturing = 1;
+    return 1;
+}
+static int cu_graph_end(kn_backend *be, uint64_t key) {
+    cuda_backend *c = cu(be);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t exec = NULL;
+    c->capturing = 0;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+    if (g) cudaGraphDestroy(g);
+    int i = graph_find(c, key);
+    if (e != cudaSuccess || i < 0) {
+        fprintf(stderr, "kiln: cuda graph capture failed (%s); running without graphs\n", cudaGetErrorString(e));
+        cudaGetLastError(); /* clear the sticky-free error state of the capture */
+        if (exec) cudaGraphExecDestroy(exec);
+        c->graphs_disabled = 1;
+        return 0;
+    }
+    c->graphs[i].exec = exec;
+    if (cudaGraphLaunch(exec, c->stream) != cudaSuccess) {
+        c->graphs_disabled = 1;
+        return 0;
+    }
+    return 1;
 }
 
 static kn_code cu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_t cols, const void *host,
@@ -236,49 +346,44 @@ __global__ void k_kv_write(float *kc, float *vc, const float *k, const float *v,
     }
 }
 
-/* one block per (token, head); dynamic smem: scores[max positions] */
-__global__ void k_attention(kn_attention_args a, kn_kv_layer kv) {
-    extern __shared__ float sc[];
-    __shared__ float sh[32];
-    int t = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
-    int hd = kv.head_dim, bs = kv.block_size, kvh = h / (a.n_heads / kv.n_kv_heads);
-    int64_t slot_w = (int64_t)kv.n_kv_heads * hd;
-    const float *q = a.q + t * a.q_stride + (int64_t)h * hd;
-    const int32_t *bt = a.block_tables + (int64_t)a.seq[t] * a.max_blocks;
-    int p = a.pos[t], lo = (a.window > 0 && p - a.window + 1 > 0) ? p - a.window + 1 : 0, n = p - lo + 1;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        int pj = lo + j;
-        const float *kr = kv.k + ((int64_t)bt[pj / bs] * bs + pj % bs) * slot_w + (int64_t)kvh * hd;
-        float s = 0.0f;
-        for (int d = 0; d < hd; d++) s += q[d] * kr[d];
-        sc[j] = s * a.scale;
-    }
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, sc[j]);
-    mx = block_max(mx, sh);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) sum += (sc[j] = expf(sc[j] - mx));
-    __syncthreads();
-    sum = block_sum(sum, sh);
-    float inv = 1.0f / sum;
-    float *o = a.out + ((int64_t)t * a.n_heads + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = 0; j < n; j++) {
-            int pj = lo + j;
-            acc += sc[j] * kv.v[((int64_t)bt[pj / bs] * bs + pj % bs) * slot_w + (int64_t)kvh * hd + d];
-        }
-        o[d] = acc * inv;
-    }
-}
-
 __global__ void k_swiglu(const float *gu, int64_t n_total, int dim, float *out) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_total) return;
     int64_t r = i / dim, j = i % dim;
     float g = gu[r * 2 * dim + j], u = gu[r * 2 * dim + dim + j];
     out[i] = g / (1.0f + expf(-g)) * u;
+}
+
+__global__ void k_layer_norm(const float *x, int64_t xs, float *out, int64_t os, int dim, const float *w,
+                             const float *b, float eps) {
+    __shared__ float sh[32];
+    const float *xi = x + blockIdx.x * xs;
+    float *oi = out + blockIdx.x * os;
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) s += xi[j];
+    float mean = block_sum(s, sh) / dim;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (xi[j] - mean) * (xi[j] - mean);
+    float inv = rsqrtf(block_sum(ss, sh) / dim + eps);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        oi[j] = (w ? w[j] : 1.0f) * ((xi[j] - mean) * inv) + (b ? b[j] : 0.0f);
+}
+
+__device__ __forceinline__ float gelu_f(float v, int approx) {
+    if (approx == KN_GELU_TANH) return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    return 0.5f * v * (1.0f + erff(v * 0.7071067811865476f));
+}
+
+__global__ void k_gelu(const float *x, int64_t n, float *out, int approx) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = gelu_f(x[i], approx);
+}
+
+__global__ void k_geglu(const float *gu, int64_t n_total, int dim, float *out, int approx) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_total) return;
+    int64_t r = i / dim, j = i % dim;
+    out[i] = gelu_f(gu[r * 2 * dim + j], approx) * gu[r * 2 * dim + dim + j];
 }
 
 __global__ void k_add(float *y, const float *x, int64_t n) {
@@ -333,7 +438,7 @@ static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w,
             k_gemv<KN_DT_F16><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
         else
             k_gemv<KN_DT_F32><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
-    } else {
+    } else if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out)) {
         dim3 grid((unsigned)((w->rows + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
         k_gemm<<<grid, 256, 0, S>>>(x, M, w->data, w->dtype, w->rows, w->cols, bias, out);
     }
@@ -346,18 +451,21 @@ static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, c
                         int n_tokens, const int32_t *slots) {
     k_kv_write<<<n_tokens, 256, 0, S>>>(kv->k, kv->v, k, v, stride, (int64_t)kv->n_kv_heads * kv->head_dim, slots);
 }
-/* The score row lives in shared memory; 48 KiB by default, opted in up to
- * the device limit at creation. Longer contexts need the split-K kernel. */
-#define KN_CUDA_MAX_ATTN_POSITIONS (56 * 1024)
-static void cu_attention(kn_backend *be, const kn_attention_args *a) {
-    /* positions attended are bounded by the max position; the caller passes
-     * pos on the device, so size for the longest context this backend allows */
-    size_t smem = KN_CUDA_MAX_ATTN_POSITIONS * sizeof(float);
-    k_attention<<<a->n_tokens * a->n_heads, 128, smem, S>>>(*a, *a->kv);
-}
+static void cu_attention(kn_backend *be, const kn_attention_args *a) { kn_cuda_attention(be, a); }
 static void cu_swiglu(kn_backend *be, const float *gu, int rows, int dim, float *out) {
     int64_t n = (int64_t)rows * dim;
     k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(gu, n, dim, out);
+}
+static void cu_layer_norm(kn_backend *be, const float *x, int64_t xs, float *out, int64_t os, int rows, int dim,
+                          const float *w, const float *b, float eps) {
+    k_layer_norm<<<rows, dim >= 256 ? 256 : 64, 0, S>>>(x, xs, out, os, dim, w, b, eps);
+}
+static void cu_gelu(kn_backend *be, const float *x, int64_t n, float *out, int approx) {
+    k_gelu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(x, n, out, approx);
+}
+static void cu_geglu(kn_backend *be, const float *gu, int rows, int dim, float *out, int approx) {
+    int64_t n = (int64_t)rows * dim;
+    k_geglu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(gu, n, dim, out, approx);
 }
 static void cu_add(kn_backend *be, float *y, const float *x, int64_t n) {
     k_add<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(y, x, n);
@@ -391,8 +499,8 @@ static double cu_read_bandwidth(kn_backend *be) {
 
 static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
-    cu_embed, cu_rms_norm, cu_matmul, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_add, cu_gather, cu_softmax,
-    cu_read_bandwidth,
+    cu_embed, cu_rms_norm, cu_matmul, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
+    cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end,
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {
@@ -405,13 +513,16 @@ extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_er
     if (!c) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     c->base.vt = &cuda_vtbl;
     c->base.n_threads = n_threads;
-    c->base.max_positions = KN_CUDA_MAX_ATTN_POSITIONS;
+    c->base.max_positions = 0; /* flash attention: any context length */
+    c->base.matmul_x_rounding_min_rows = GEMV_MAX_M + 1;
+    cudaGetDevice(&c->device);
+    cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device);
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
         free(c);
         return kn_fail(err, KN_ERR_BACKEND, "cuda backend: cannot create a stream");
     }
-    cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         KN_CUDA_MAX_ATTN_POSITIONS * (int)sizeof(float));
+    c->staging_bytes = 4u << 20;
+    if (cudaMallocHost((void **)&c->staging, c->staging_bytes) != cudaSuccess) c->staging = NULL, c->staging_bytes = 0;
     *out = &c->base;
     return KN_OK;
 }

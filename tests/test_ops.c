@@ -80,6 +80,28 @@ static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
                       with_bias, m, n, out[(int64_t)m * N + n], ref);
             }
         }
+    if (be->vt->matmul_add) { /* fused residual: out += x . W^T + bias, out starting at 1.5 */
+        for (int64_t i = 0; i < (int64_t)M * N; i++) out[i] = 1.5f;
+        float *dacc = dev(out, (size_t)M * N * 4);
+        dx = dev(x, (size_t)M * K * 4), db = dev(bias, (size_t)N * 4);
+        be->vt->matmul_add(be, dx, M, &w, with_bias ? db : NULL, dacc);
+        back(out, dacc, (size_t)M * N * 4);
+        kn_be_free(be, dx), kn_be_free(be, db);
+        bad = 0;
+        for (int m = 0; m < M && bad < 3; m++)
+            for (int n = 0; n < N && bad < 3; n++) {
+                double ref = 1.5 + (with_bias ? bias[n] : 0.0), mag = fabs(ref);
+                for (int k = 0; k < K; k++) {
+                    ref += (double)x[m * K + k] * wf[(int64_t)n * K + k];
+                    mag += fabs((double)x[m * K + k] * wf[(int64_t)n * K + k]);
+                }
+                if (!close_to(out[(int64_t)m * N + n], ref, mag, 2e-6 * sqrt(K + 1.0))) {
+                    bad++;
+                    CHECK(0, "matmul_add %s M=%d N=%d K=%d at [%d,%d]: got %g want %g", kn_dtype_name(dt), M, N, K, m, n,
+                          out[(int64_t)m * N + n], ref);
+                }
+            }
+    }
     kn_be_weight_free(be, &w);
     free(x), free(out), free(bias), free(wf), free(wraw);
 }

@@ -329,6 +329,18 @@ int64_t kn_model_weight_bytes(const kn_model *m) {
     return b;
 }
 
+/* x += in . W^T (+ bias): fused where the backend has matmul_add, else
+ * through tmp. */
+static void matmul_residual(kn_backend *be, const float *in, int n, const kn_weight *w, const float *bias, float *x,
+                            float *tmp, int64_t n_x) {
+    if (be->vt->matmul_add) {
+        be->vt->matmul_add(be, in, n, w, bias, x);
+        return;
+    }
+    be->vt->matmul(be, in, n, w, bias, tmp);
+    be->vt->add(be, x, tmp, n_x);
+}
+
 /* Enqueue the whole forward of batch b (index arrays already uploaded);
  * logits_host NULL leaves the (single) logits chunk on the backend. */
 static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) {
@@ -357,13 +369,11 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
             .kv = &m->kv->layers[l],
         };
         op->attention(be, &a);
-        op->matmul(be, m->attn, n, &L->o, L->o_bias, m->tmp);
-        op->add(be, m->x, m->tmp, (int64_t)n * H);
+        matmul_residual(be, m->attn, n, &L->o, L->o_bias, m->x, m->tmp, (int64_t)n * H);
         op->rms_norm(be, m->x, H, m->xn, H, n, 1, H, L->mlp_norm, eps);
         op->matmul(be, m->xn, n, &L->gate_up, L->gate_up_bias, m->gu);
         op->swiglu(be, m->gu, n, I, m->act);
-        op->matmul(be, m->act, n, &L->down, L->down_bias, m->tmp);
-        op->add(be, m->x, m->tmp, (int64_t)n * H);
+        matmul_residual(be, m->act, n, &L->down, L->down_bias, m->x, m->tmp, (int64_t)n * H);
     }
     /* logits for the requested rows, a few rows at a time */
     for (int r0 = 0; r0 < b->n_logits; r0 += m->logits_rows) {

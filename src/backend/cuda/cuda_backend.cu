@@ -250,22 +250,46 @@ __device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
     }
 }
 
-template <int DT>
-__global__ void k_gemv(const float *x, int M, const void *w, int64_t N, int64_t K, const float *bias, float *out) {
+/* M is a template parameter so the accumulators stay in registers and the
+ * four 16-byte weight loads of an unrolled step are issued back to back. */
+template <int DT, int M>
+__global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const void *__restrict__ w, int64_t N,
+                                              int64_t K, const float *__restrict__ bias, float *__restrict__ out,
+                                              int accumulate) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
     if (n >= N) return;
-    float acc[GEMV_MAX_M];
-    for (int m = 0; m < GEMV_MAX_M; m++) acc[m] = 0.0f;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
     const int per = DT == KN_DT_F32 ? 4 : 8; /* elements per 16-byte load */
     const int64_t row = n * K;
-    int64_t k = 0;
     if (K % 8 == 0 && (((uintptr_t)x | (uintptr_t)w) & 15) == 0) {
-#pragma unroll 4 /* several 16-byte loads in flight per lane */
-        for (k = (int64_t)lane * per; k + per <= K; k += 32 * per) {
+        int64_t k = (int64_t)lane * per;
+        const int64_t step = 32 * per;
+        for (; k + 3 * step + per <= K; k += 4 * step) { /* 4 loads in flight per lane */
+            float f[4][8];
+#pragma unroll
+            for (int u = 0; u < 4; u++) load8w<DT>(w, row + k + u * step, f[u]);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    const float4 *xm = (const float4 *)(x + (int64_t)m * K + k + u * step);
+                    float4 a = __ldg(xm);
+                    float s = f[u][0] * a.x + f[u][1] * a.y + f[u][2] * a.z + f[u][3] * a.w;
+                    if (per == 8) {
+                        float4 b = __ldg(xm + 1);
+                        s += f[u][4] * b.x + f[u][5] * b.y + f[u][6] * b.z + f[u][7] * b.w;
+                    }
+                    acc[m] += s;
+                }
+        }
+        for (; k + per <= K; k += step) {
             float f[8];
             load8w<DT>(w, row + k, f);
-            for (int m = 0; m < M; m++) { /* x in 16-byte loads too: 1 load per 4 weights, not 4 */
+#pragma unroll
+            for (int m = 0; m < M; m++) {
                 const float4 *xm = (const float4 *)(x + (int64_t)m * K + k);
                 float4 a = __ldg(xm);
                 float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
@@ -277,16 +301,42 @@ __global__ void k_gemv(const float *x, int M, const void *w, int64_t N, int64_t 
             }
         }
     } else {
-        for (k = lane; k < K; k += 32) {
+        for (int64_t k = lane; k < K; k += 32) {
             float wv = load_w(w, row + k, DT);
+#pragma unroll
             for (int m = 0; m < M; m++) acc[m] += __ldg(x + (int64_t)m * K + k) * wv;
         }
     }
+#pragma unroll
     for (int m = 0; m < M; m++) {
         float v = acc[m];
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-        if (lane == 0) out[(int64_t)m * N + n] = v + (bias ? bias[n] : 0.0f);
+        if (lane == 0) {
+            float r = v + (bias ? bias[n] : 0.0f);
+            if (accumulate) out[(int64_t)m * N + n] += r;
+            else out[(int64_t)m * N + n] = r;
+        }
     }
+}
+
+template <int DT>
+static void gemv_dt(cudaStream_t s, const float *x, int M, const void *w, int64_t N, int64_t K, const float *bias,
+                    float *out, int accumulate) {
+    const int warps = 8;
+    unsigned blocks = (unsigned)((N + warps - 1) / warps);
+    switch (M) {
+#define GEMV_CASE(mm)                                                                                                  \
+    case mm: k_gemv<DT, mm><<<blocks, warps * 32, 0, s>>>(x, w, N, K, bias, out, accumulate); break;
+        GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+#undef GEMV_CASE
+    }
+}
+
+static void gemv(cudaStream_t s, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                 int accumulate) {
+    if (w->dtype == KN_DT_BF16) gemv_dt<KN_DT_BF16>(s, x, M, w->data, w->rows, w->cols, bias, out, accumulate);
+    else if (w->dtype == KN_DT_F16) gemv_dt<KN_DT_F16>(s, x, M, w->data, w->rows, w->cols, bias, out, accumulate);
+    else gemv_dt<KN_DT_F32>(s, x, M, w->data, w->rows, w->cols, bias, out, accumulate);
 }
 
 /* 64x64 tile of out, 16x16 threads, 4x4 per thread, k-step 16 */
@@ -294,7 +344,7 @@ __global__ void k_gemv(const float *x, int M, const void *w, int64_t N, int64_t 
 #define TN 64
 #define TK 16
 __global__ void k_gemm(const float *x, int M, const void *w, int dt, int64_t N, int64_t K, const float *bias,
-                       float *out) {
+                       float *out, int accumulate) {
     __shared__ float As[TK][TM + 1], Bs[TK][TN + 1];
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     int64_t m0 = (int64_t)blockIdx.y * TM, n0 = (int64_t)blockIdx.x * TN;
@@ -319,7 +369,7 @@ __global__ void k_gemm(const float *x, int M, const void *w, int dt, int64_t N, 
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) {
             int64_t gm = m0 + ty * 4 + i, gn = n0 + tx * 4 + j;
-            if (gm < M && gn < N) out[gm * N + gn] = acc[i][j] + (bias ? bias[gn] : 0.0f);
+            if (gm < M && gn < N) out[gm * N + gn] = acc[i][j] + (bias ? bias[gn] : 0.0f) + (accumulate ? out[gm * N + gn] : 0.0f);
         }
 }
 
@@ -428,20 +478,19 @@ static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, 
                         int dim, const float *w, float eps) {
     k_rms_norm<<<rows * groups, dim >= 256 ? 256 : 64, 0, S>>>(x, xs, out, os, groups, dim, w, eps);
 }
-static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
-    if (M <= GEMV_MAX_M) {
-        const int warps = 8;
-        unsigned blocks = (unsigned)((w->rows + warps - 1) / warps);
-        if (w->dtype == KN_DT_BF16)
-            k_gemv<KN_DT_BF16><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
-        else if (w->dtype == KN_DT_F16)
-            k_gemv<KN_DT_F16><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
-        else
-            k_gemv<KN_DT_F32><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
-    } else if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out)) {
+static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                   int accumulate) {
+    if (M <= GEMV_MAX_M) gemv(S, x, M, w, bias, out, accumulate);
+    else if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out, accumulate)) {
         dim3 grid((unsigned)((w->rows + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
-        k_gemm<<<grid, 256, 0, S>>>(x, M, w->data, w->dtype, w->rows, w->cols, bias, out);
+        k_gemm<<<grid, 256, 0, S>>>(x, M, w->data, w->dtype, w->rows, w->cols, bias, out, accumulate);
     }
+}
+static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    matmul(be, x, M, w, bias, out, 0);
+}
+static void cu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    matmul(be, x, M, w, bias, out, 1);
 }
 static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
                     const int32_t *pos, const kn_rope_table *r) {
@@ -499,7 +548,7 @@ static double cu_read_bandwidth(kn_backend *be) {
 
 static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
-    cu_embed, cu_rms_norm, cu_matmul, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
+    cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
     cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end,
 };
 
@@ -521,6 +570,8 @@ extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_er
         free(c);
         return kn_fail(err, KN_ERR_BACKEND, "cuda backend: cannot create a stream");
     }
+    const char *prof = getenv("KILN_CUDA_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") != 0) c->base.vt = kn_cuda_profile_vtbl(&cuda_vtbl);
     c->staging_bytes = 4u << 20;
     if (cudaMallocHost((void **)&c->staging, c->staging_bytes) != cudaSuccess) c->staging = NULL, c->staging_bytes = 0;
     *out = &c->base;

@@ -51,15 +51,16 @@ static cublasHandle_t blas(kn_backend *be) {
     return (cublasHandle_t)c->blas;
 }
 
-int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                        int accumulate) {
     cublasHandle_t h = blas(be);
     if (!h) return 0;
     cudaStream_t s = kn_cuda_stream(be);
     const int N = (int)w->rows, K = (int)w->cols;
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, zero = 0.0f, *beta = accumulate ? &one : &zero;
     cublasStatus_t st;
     if (w->dtype == KN_DT_F32) {
-        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, CUDA_R_32F, K, x, CUDA_R_32F, K, &zero,
+        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, CUDA_R_32F, K, x, CUDA_R_32F, K, beta,
                           out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     } else {
         const int64_t n = (int64_t)M * K;
@@ -67,7 +68,7 @@ int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *
         if (!xr) return 0;
         k_round_x<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(x, n, w->dtype, xr);
         cudaDataType t = w->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xr, t, K, &zero, out, CUDA_R_32F,
+        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xr, t, K, beta, out, CUDA_R_32F,
                           N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }
     if (st != CUBLAS_STATUS_SUCCESS) {

@@ -53,9 +53,13 @@ void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes);
 void kn_cuda_attention(kn_backend *be, const kn_attention_args *a);
 /* out[M,N] = x[M,K] . W^T (+ bias) through cuBLAS (tensor cores for
  * bf16/f16 weights; x is rounded to the weight dtype; f32 weights use exact
- * f32 GEMM). Returns 0 when cuBLAS is unavailable so the caller falls back. */
-int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out);
+ * f32 GEMM); accumulate adds to out. Returns 0 when cuBLAS is unavailable so the caller falls back. */
+int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                        int accumulate);
 void kn_cuda_gemm_destroy(kn_backend *be);
+
+/* The vtable of KILN_CUDA_PROFILE=1 runs: real ops bracketed by events. */
+const kn_backend_vtbl *kn_cuda_profile_vtbl(const kn_backend_vtbl *real);
 
 /* Print a CUDA error (ops are infallible by contract; failures are reported). */
 void kn_cuda_check(cudaError_t e, const char *what);

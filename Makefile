@@ -7,7 +7,7 @@ BUILD_FUZZ ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 
-APT_BUILD = build-essential cmake pkg-config libjansson-dev
+APT_BUILD = build-essential cmake pkg-config libjansson-dev libmicrohttpd-dev
 APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -14,6 +14,8 @@ static const char usage[] =
     "  run MODEL --ids 1,2,3 [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--ignore-eos]\n"
     "        generate; with --ids the generated ids are printed to stdout, space-separated\n"
     "  logits MODEL --ids 1,2,3 --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
+    "  serve MODEL [--host 127.0.0.1] [--port 8080] [--max-batch 8] [--api-key KEY] [--ctx N]\n"
+    "        OpenAI/Anthropic-compatible HTTP server (see docs/SERVER.md)\n"
     "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--json]\n"
     "\n"
     "common options: --backend cpu  --threads N  --kv f32\n"
@@ -76,7 +78,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return kn_cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return kn_cmd_logits(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return kn_cmd_bench(argc - 2, argv + 2);
-    static const char *const later[] = {"serve", "tokenize", "detokenize", "template", "mel", "transcribe",
+    if (!strcmp(cmd, "serve")) return kn_cmd_serve(argc - 2, argv + 2);
+    static const char *const later[] = {"tokenize", "detokenize", "template", "mel", "transcribe",
                                         "quantize", "pull", "ls", "fit"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(cmd, later[i])) {

@@ -594,13 +594,18 @@ kn_code kn_engine_create(kn_model *m, const kn_engine_options *o, kn_engine **ou
     return KN_OK;
 }
 
-void kn_engine_destroy(kn_engine *e) {
-    if (!e) return;
+void kn_engine_shutdown(kn_engine *e) {
     pthread_mutex_lock(&e->mu);
     e->stop = 1;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (e->thread_started) pthread_join(e->thread, NULL);
+    e->thread_started = 0;
+}
+
+void kn_engine_destroy(kn_engine *e) {
+    if (!e) return;
+    kn_engine_shutdown(e);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     kn_sampler_scratch_free(&e->scratch);

@@ -78,8 +78,11 @@ typedef struct {
 } kn_token_event;
 
 kn_code kn_engine_create(kn_model *m, const kn_engine_options *o, kn_engine **out, kn_error *err);
-/* Cancel everything, join the engine thread, free. Requests still held by
- * consumers stay valid (finished, CANCELLED) until released. */
+/* Stop: cancel every request, join the engine thread. Later submits answer
+ * KN_SUBMIT_SHUTDOWN; requests still held by consumers stay valid (finished,
+ * CANCELLED) until released. Idempotent. */
+void kn_engine_shutdown(kn_engine *e);
+/* Shutdown (if not done) and free. */
 void kn_engine_destroy(kn_engine *e);
 
 /* Queue a request. On KN_SUBMIT_OK *out is a new request (release it). */

@@ -59,7 +59,7 @@ kn_code kn_stop_match_push(kn_stop_match *m, const char *text, size_t len, const
     size_t best = (size_t)-1;
     for (int i = 0; i < m->n; i++) {
         const char *hit = memmem(m->held, n, m->stops[i], m->lens[i]);
-        if (hit && (size_t)(hit - m->held) < best) best = (size_t)(hit - m->held);
+        if (hit && (size_t)(hit - m->held) < best) best = (size_t)(hit - m->held), m->matched = i;
     }
     if (best != (size_t)-1) {
         m->stopped = 1, *stopped = 1;

@@ -23,6 +23,7 @@ typedef struct {
     char *held; /* text received but not emitted yet (never contains a whole stop string) */
     size_t held_len, held_cap;
     int stopped;
+    int matched; /* index of the stop string that matched (valid when stopped) */
 } kn_stop_match;
 
 /* Copy up to KN_MAX_STOP_STRINGS non-empty stop strings (empty ones are ignored). */

@@ -6,6 +6,8 @@ BUILD_ASAN ?= build-asan
 BUILD_FUZZ ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+FUZZ_SERVER_SECONDS ?= 20
+SERVER_FUZZ_MODEL ?= tests/fixtures/llama
 
 APT_BUILD = build-essential cmake pkg-config libjansson-dev libmicrohttpd-dev
 APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
@@ -58,6 +60,10 @@ fuzz: deps-test
 	rm -rf $(BUILD_FUZZ)/corpus && cp -r tests/fuzz/corpus_safetensors $(BUILD_FUZZ)/corpus
 	./$(BUILD_FUZZ)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_server_request
+	rm -rf $(BUILD_FUZZ)/corpus_server && cp -r tests/fuzz/corpus_server $(BUILD_FUZZ)/corpus_server
+	KILN_FUZZ_MODEL=$(SERVER_FUZZ_MODEL) ./$(BUILD_FUZZ)/fuzz_server_request -max_total_time=$(FUZZ_SERVER_SECONDS) \
+	    -rss_limit_mb=2048 -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_server
 
 bench: build
 	./$(BUILD)/kiln bench --synthetic bench/shapes/llama-0.44b.json --prompt 128 --gen 64 --threads 2

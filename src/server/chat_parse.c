@@ -47,6 +47,7 @@ static void deliver(kn_chat_split *s, const char *t, size_t n, kn_seg_cb cb, voi
         while (n && isspace((unsigned char)*t)) t++, n--;
     if (!n) return;
     s->at_start = 0;
+    if (s->mode == KN_SEG_CONTENT) s->content_started = 1;
     if (s->mode == KN_SEG_TOOL_CALL) kn_buf_add(&s->tool, t, n);
     else cb((kn_seg_kind)s->mode, t, n, user);
 }
@@ -64,13 +65,20 @@ void kn_chat_split_push(kn_chat_split *s, const char *text, size_t len, kn_seg_c
     for (;;) {
         const char *tags[2];
         int next[2];
-        int content_seen = s->mode == KN_SEG_CONTENT && !s->at_start;
-        int nt = active_tags(s, tags, next, content_seen || s->n_tool_calls > 0);
+        int nt = active_tags(s, tags, next, s->content_started || s->n_tool_calls > 0);
         size_t best = (size_t)-1;
         int which = -1;
         for (int i = 0; i < nt; i++) {
             const char *hit = memmem(buf + pos, n - pos, tags[i], strlen(tags[i]));
             if (hit && (size_t)(hit - buf) < best) best = (size_t)(hit - buf), which = i;
+        }
+        if (which >= 0 && tags[which] == TAG_THINK) { /* only at the very start of the answer */
+            int ws = 1;
+            for (size_t i = pos; i < best && ws; i++) ws = isspace((unsigned char)buf[i]);
+            if (!ws) {
+                s->content_started = 1;
+                continue;
+            }
         }
         if (which < 0) {
             /* hold back a possible tag start and trailing whitespace */

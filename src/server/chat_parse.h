@@ -25,6 +25,7 @@ typedef struct {
     int parse_think, parse_tools;
     int at_start; /* nothing emitted in this mode yet: leading whitespace is dropped */
     int n_tool_calls;
+    int content_started; /* content was produced: a later <think> is plain text */
     kn_buf pending; /* held-back text of the current mode */
     kn_buf tool;    /* body of the open tool call */
 } kn_chat_split;

@@ -347,12 +347,17 @@ static int oai_next(kn_stream *base, kn_buf *out, int fd) {
                 kn_buf_free(&t);
             }
         }
-    } else if (g->content.len || (st->logprobs && g->n_events)) {
+    } else if (g->content.len || (st->logprobs && g->n_events) || (!st->srv->tok && g->n_events)) {
         json_t *c = chunk_base(st);
         json_t *lp = st->logprobs ? completion_logprobs(st->srv, g->events, g->n_events, &st->text_offset) : json_null();
         json_t *choice = json_pack("{s:i, s:o, s:o, s:n}", "index", 0, "text",
                                    kn_json_text(g->content.data ? g->content.data : "", g->content.len), "logprobs", lp,
                                    "finish_reason");
+        if (!st->srv->tok) { /* no tokenizer: the ids are the output (kiln extension) */
+            json_t *ids = json_array();
+            for (int i = 0; i < g->n_events; i++) json_array_append_new(ids, json_integer(g->events[i].token));
+            json_object_set_new(choice, "token_ids", ids);
+        }
         json_object_set_new(c, "choices", json_pack("[o]", choice));
         kn_buf_sse(out, NULL, c);
     }

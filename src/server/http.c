@@ -305,8 +305,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             kn_buf_free(&b);
             return r;
         }
+        /* an announced body far beyond the limit is refused at once (the
+         * connection closes); a moderately large one is read and discarded
+         * so the client sees the 413 (invariant 1 either way) */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > s->opt.max_body_bytes)
+        if (cl && strtoull(cl, NULL, 10) / 16 > s->opt.max_body_bytes)
             return send_error(s, c, anthropic, 413, "invalid_request_error", NULL,
                               "request body exceeds the server's limit of %zu bytes", s->opt.max_body_bytes);
         cc = calloc(1, sizeof *cc);

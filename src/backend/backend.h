@@ -71,6 +71,12 @@ typedef struct {
     const int32_t *block_tables; /* [n_seqs, max_blocks] */
     int max_blocks;
     const kn_kv_layer *kv;
+    /* optional host mirrors of pos/seq (NULL: unknown). With them a backend
+     * may run long same-sequence runs of queries (prefill chunks) as tensor-
+     * core GEMMs, rounding q/k/v/probabilities to compute_dtype when that is
+     * BF16/F16 (KN_DT_F32: exact float32 GEMMs). */
+    const int32_t *pos_host, *seq_host;
+    int compute_dtype;
 } kn_attention_args;
 
 typedef struct kn_backend_vtbl {

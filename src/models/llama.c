@@ -366,7 +366,7 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
             .q = q, .q_stride = m->qkv_dim, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
             .scale = 1.0f / sqrtf((float)hd), .window = c->layer_sliding[l] ? c->sliding_window : 0,
             .pos = m->d_pos, .seq = m->d_seq, .block_tables = m->d_bt, .max_blocks = m->max_blocks,
-            .kv = &m->kv->layers[l],
+            .kv = &m->kv->layers[l], .pos_host = b->pos, .seq_host = b->seq, .compute_dtype = L->qkv.dtype,
         };
         op->attention(be, &a);
         matmul_residual(be, m->attn, n, &L->o, L->o_bias, m->x, m->tmp, (int64_t)n * H);

@@ -51,6 +51,8 @@ static cublasHandle_t blas(kn_backend *be) {
     return (cublasHandle_t)c->blas;
 }
 
+void *kn_cuda_blas(kn_backend *be) { return (void *)blas(be); }
+
 int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                         int accumulate) {
     cublasHandle_t h = blas(be);

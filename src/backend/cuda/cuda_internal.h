@@ -25,8 +25,8 @@ typedef struct {
      * when no copy from it can still be pending */
     char *staging;
     size_t staging_bytes, staging_used;
-    void *scratch[2];
-    size_t scratch_bytes[2];
+    void *scratch[3];
+    size_t scratch_bytes[3];
     void *blas, *blas_workspace; /* cublasHandle_t, lazily created */
     int blas_failed;
     /* recorded forwards, by batch-shape key (see backend.h graph_*) */
@@ -46,7 +46,7 @@ int kn_cuda_sm_count(kn_backend *be);
 /* Backend-owned device scratch, one buffer per slot, grown on demand (never
  * while a graph is being captured: the first, eager run of every batch shape
  * sizes it). NULL when the device is out of memory. */
-enum { KN_CUDA_SCRATCH_ATTENTION = 0, KN_CUDA_SCRATCH_GEMM_X, KN_CUDA_SCRATCH_COUNT };
+enum { KN_CUDA_SCRATCH_ATTENTION = 0, KN_CUDA_SCRATCH_GEMM_X, KN_CUDA_SCRATCH_ATTN_GEMM, KN_CUDA_SCRATCH_COUNT };
 void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes);
 
 /* Op families implemented in their own files. */
@@ -57,6 +57,8 @@ void kn_cuda_attention(kn_backend *be, const kn_attention_args *a);
 int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                         int accumulate);
 void kn_cuda_gemm_destroy(kn_backend *be);
+/* The backend's cuBLAS handle (a cublasHandle_t), created on first use; NULL if unavailable. */
+void *kn_cuda_blas(kn_backend *be);
 
 /* The vtable of KILN_CUDA_PROFILE=1 runs: real ops bracketed by events. */
 const kn_backend_vtbl *kn_cuda_profile_vtbl(const kn_backend_vtbl *real);

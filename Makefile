@@ -7,7 +7,7 @@ BUILD_FUZZ ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 FUZZ_SERVER_SECONDS ?= 20
-SERVER_FUZZ_MODEL ?= tests/fixtures/llama
+SERVER_FUZZ_MODEL ?= tests/fixtures/server_chat
 
 APT_BUILD = build-essential cmake pkg-config libjansson-dev libmicrohttpd-dev
 APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev

@@ -10,7 +10,11 @@
  *    with the right tokens; cancellation frees every block;
  *  - refusals: context overflow, out-of-vocab ids, full queue;
  *  - per-row sampling: seeds reproduce, logit_bias forces a token, stop ids,
- *    logprobs are normalised and top_logprobs sorted. */
+ *    logprobs are normalised and top_logprobs sorted;
+ *  - the trained chat fixture (tests/fixtures/server_chat): 10 chat and
+ *    completion prompts submitted at once, with generation_config defaults
+ *    (greedy, EOS ids [im_end, endoftext]), each give transformers' greedy
+ *    ids, stopping at EOS exactly where transformers did. */
 #include <jansson.h>
 #include <string.h>
 #include <unistd.h>
@@ -337,11 +341,63 @@ static void check_sampling(void) {
     kn_model_close(m);
 }
 
+static void check_server_chat(void) {
+    char dir[1024], path[1100];
+    snprintf(dir, sizeof dir, "%s/server_chat", kn_test_fixtures());
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        CHECK(0, "%s: %s", path, je.text);
+        return;
+    }
+    kn_model *m = open_model(dir, 8, 0);
+    kn_engine *e = NULL;
+    kn_error err = {0};
+    if (!m || kn_engine_create(m, NULL, &e, &err)) {
+        CHECK(0, "server_chat engine: %s", err.msg);
+        kn_model_close(m);
+        json_decref(root);
+        return;
+    }
+    json_t *cases = json_object_get(root, "cases");
+    int max_new = (int)json_integer_value(json_object_get(root, "max_new_tokens"));
+    size_t n = json_array_size(cases);
+    kn_request *rs[16] = {0};
+    for (size_t i = 0; i < n && i < 16; i++) {
+        json_t *pids = json_object_get(json_array_get(cases, i), "prompt_ids");
+        int np = (int)json_array_size(pids);
+        int32_t *prompt = malloc((size_t)np * sizeof *prompt);
+        for (int k = 0; k < np; k++) prompt[k] = (int32_t)json_integer_value(json_array_get(pids, (size_t)k));
+        kn_gen_params p;
+        kn_gen_params_init(&p, m); /* generation_config.json: greedy, eos [2, 0] */
+        p.s.max_new_tokens = max_new;
+        CHECK(kn_engine_submit(e, prompt, np, &p, &rs[i], &err) == KN_SUBMIT_OK, "submit: %s", err.msg);
+        free(prompt);
+    }
+    for (size_t i = 0; i < n && i < 16; i++) {
+        json_t *c = json_array_get(cases, i), *g = json_object_get(c, "greedy_ids");
+        const char *name = json_string_value(json_object_get(c, "name"));
+        tokbuf b;
+        kn_finish f = drain(rs[i], &b, NULL);
+        int ok = b.n == (int)json_array_size(g);
+        for (int k = 0; ok && k < b.n; k++) ok = b.toks[k] == json_integer_value(json_array_get(g, (size_t)k));
+        CHECK(ok, "server_chat %s: %d tokens differ from transformers' %zu", name, b.n, json_array_size(g));
+        int eos = json_is_true(json_object_get(c, "greedy_ends_with_eos"));
+        CHECK(f == (eos ? KN_FINISH_STOP : KN_FINISH_LENGTH), "server_chat %s: finish %d", name, f);
+        kn_request_release(rs[i]);
+    }
+    kn_engine_destroy(e);
+    kn_model_close(m);
+    json_decref(root);
+}
+
 int main(int argc, char **argv) {
     const char *names[] = {"llama", "phi3", "llama3"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) check_batch_invariance(names[i]);
     check_pool_wait();
     check_cancel_and_queue();
     check_sampling();
+    check_server_chat();
     return kn_test_done("test_scheduler");
 }

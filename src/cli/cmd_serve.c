@@ -1,6 +1,7 @@
 /* cmd_serve.c — `kiln serve MODEL [--host H] [--port P] [--max-batch N]
  * [--max-queue N] [--ctx N] [--api-key KEY] [--max-body BYTES]
- * [--served-model-name NAME] [--backend cpu|cuda] [--threads N]`. */
+ * [--served-model-name NAME] [--backend cpu|cuda] [--threads N]`, or
+ * `kiln serve --synthetic CONFIG.json ...` (random weights, for benchmarks). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,16 +38,17 @@ int kn_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-body")) rc = kn_parse_int(a, v, 1024, 1L << 30, &n, &err), o.max_body_bytes = (size_t)n;
         else if (!strcmp(a, "--api-key")) o.api_key = v;
         else if (!strcmp(a, "--served-model-name")) o.model_name = v;
+        else if (!strcmp(a, "--synthetic")) o.synthetic = v;
         else return kn_cli_usage_error("serve: unknown option %s", a);
         if (rc) return kn_cli_error(&err);
         i++;
     }
-    if (!model) return kn_cli_usage_error("serve needs a MODEL");
+    if (!model == !o.synthetic) return kn_cli_usage_error("serve needs a MODEL (or --synthetic CONFIG.json)");
     if (o.api_key && !o.api_key[0]) return kn_cli_usage_error("--api-key must not be empty");
     if (!o.api_key) o.api_key = getenv("KILN_API_KEY") && getenv("KILN_API_KEY")[0] ? getenv("KILN_API_KEY") : NULL;
     char dir[4096];
-    if (kn_resolve_model_path(model, dir, sizeof dir, &err)) return kn_cli_error(&err);
-    o.model_dir = dir;
+    if (model && kn_resolve_model_path(model, dir, sizeof dir, &err)) return kn_cli_error(&err);
+    o.model_dir = model ? dir : NULL;
     o.backend = common.backend;
     o.n_threads = common.n_threads;
     if (kn_server_run(&o, &err)) return kn_cli_error(&err);

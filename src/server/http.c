@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/synthetic.h"
+#include "io/file_util.h"
 #include "models/model.h"
 #include "server/server_internal.h"
 
@@ -347,6 +349,27 @@ static void log_mhd(void *cls, const char *fmt, va_list ap) {
     vfprintf(stderr, fmt, ap);
 }
 
+/* random weights at a config's shape (dtype from its torch_dtype) */
+static kn_code open_synthetic(const kn_server_options *o, kn_synthetic **syn, kn_model **m, kn_error *err) {
+    char *text;
+    size_t len;
+    kn_model_config cfg;
+    kn_code rc = kn_read_file(o->synthetic, 1 << 20, &text, &len, err);
+    if (rc) return rc;
+    rc = kn_config_parse(text, len, NULL, 0, o->synthetic, &cfg, err);
+    free(text);
+    if (rc) return rc;
+    kn_dtype dt = strstr(cfg.torch_dtype, "float32")                                   ? KN_DT_F32
+                  : strstr(cfg.torch_dtype, "float16") && !strstr(cfg.torch_dtype, "bfloat16") ? KN_DT_F16
+                                                                                      : KN_DT_BF16;
+    if ((rc = kn_synthetic_create(&cfg, dt, 1234, o->n_threads, syn, err))) return rc;
+    kn_backend *be;
+    if ((rc = kn_backend_create(o->backend, o->n_threads, &be, err))) return rc;
+    int ctx = o->max_context > 0 ? o->max_context : 2048;
+    kn_tensor_source src = kn_synthetic_source(*syn);
+    return kn_model_build(&cfg, &src, be, ctx, o->max_batch > 0 ? o->max_batch : 8, m, err);
+}
+
 kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
     kn_srv *s = calloc(1, sizeof *s);
     if (!s) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
@@ -358,8 +381,9 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
     s->created = (long)time(NULL);
     s->think_id = s->end_think_id = -1;
     pthread_mutex_init(&s->stats_mu, NULL);
-    const char *base = strrchr(o->model_dir, '/');
-    base = base && base[1] ? base + 1 : o->model_dir;
+    const char *src_path = o->synthetic ? o->synthetic : o->model_dir;
+    const char *base = strrchr(src_path, '/');
+    base = base && base[1] ? base + 1 : src_path;
     snprintf(s->model_name, sizeof s->model_name, "%s", o->model_name ? o->model_name : base);
     size_t nl = strlen(s->model_name);
     while (nl > 1 && s->model_name[nl - 1] == '/') s->model_name[--nl] = 0;
@@ -368,10 +392,16 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
     kn_model_options mo = {.backend = o->backend, .n_threads = o->n_threads, .max_context = o->max_context,
                            .max_seqs = s->opt.max_batch};
     struct MHD_Daemon *d = NULL;
-    if ((rc = kn_model_open(o->model_dir, &mo, &s->model, err))) goto done;
+    kn_synthetic *syn = NULL;
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
-    if (access(path, R_OK) == 0) {
+    if (o->synthetic) {
+        if ((rc = open_synthetic(o, &syn, &s->model, err))) goto done;
+        path[0] = 0;
+    } else {
+        if ((rc = kn_model_open(o->model_dir, &mo, &s->model, err))) goto done;
+        snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    }
+    if (path[0] && access(path, R_OK) == 0) {
         if ((rc = kn_tokenizer_load(o->model_dir, &s->tok, err))) goto done;
         s->think_id = kn_tokenizer_token_id(s->tok, "<think>");
         s->end_think_id = kn_tokenizer_token_id(s->tok, "</think>");
@@ -383,7 +413,7 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
         }
     } else {
         fprintf(stderr, "kiln serve: %s has no tokenizer.json: only token-id prompts on /v1/completions\n",
-                o->model_dir);
+                src_path);
     }
     kn_engine_options eo = {.max_batch = s->opt.max_batch, .max_queue = o->max_queue};
     if ((rc = kn_engine_create(s->model, &eo, &s->engine, err))) goto done;
@@ -430,6 +460,7 @@ done:
     if (s->tmpl) kn_chat_template_free(s->tmpl);
     if (s->tok) kn_tokenizer_free(s->tok);
     kn_model_close(s->model);
+    kn_synthetic_free(syn);
     pthread_mutex_destroy(&s->stats_mu);
     free(s);
     return rc;

@@ -12,6 +12,7 @@
 
 typedef struct {
     const char *model_dir;
+    const char *synthetic;  /* instead of model_dir: random weights at CONFIG.json's shape (benchmarks; ids only) */
     const char *model_name; /* id reported by /v1/models; NULL = the directory's basename */
     const char *host;       /* default 127.0.0.1 */
     int port;               /* default 8080; 0 = any free port (printed) */

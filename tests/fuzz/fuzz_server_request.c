@@ -22,7 +22,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     const char *dir = getenv("KILN_FUZZ_MODEL");
     if (!dir) dir = "tests/fixtures/llama";
     kn_error err = {0};
-    kn_model_options mo = {.max_seqs = 2, .n_threads = 1, .max_context = 128};
+    kn_model_options mo = {.max_seqs = 2, .n_threads = 1, .max_context = 512};
     if (kn_model_open(dir, &mo, &srv.model, &err)) {
         fprintf(stderr, "fuzz_server_request: %s\n", err.msg);
         exit(1);

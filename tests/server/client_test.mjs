@@ -213,13 +213,18 @@ await test('client disconnect mid-stream cancels and frees the KV blocks', async
 });
 
 await test('a full queue answers 429', async () => {
-  const long = () => cb.completions.create({ model: 'llama', prompt: [5, 6, 7], max_tokens: 3000, temperature: 0, ignore_eos: true });
+  // one runs, one waits, the rest are refused: 1000 tokens keep the only slot busy far longer
+  // than the six submissions take (sanitizer builds are slow: generous client timeout)
+  const slow = oa(B, 'none').withOptions({ timeout: 600000 });
+  const long = () => slow.completions.create({ model: 'llama', prompt: [5, 6, 7], max_tokens: 1000, temperature: 0, ignore_eos: true });
   const results = await Promise.allSettled([long(), long(), long(), long(), long(), long()]);
   const limited = results.filter((r) => r.status === 'rejected' && r.reason.status === 429);
   const done = results.filter((r) => r.status === 'fulfilled');
+  const other = results.filter((r) => r.status === 'rejected' && r.reason.status !== 429);
+  assert.equal(other.length, 0, `unexpected failures: ${other.map((r) => r.reason.message).join('; ')}`);
   assert.ok(limited.length >= 3, `only ${limited.length} of 6 were refused with 429`);
   assert.ok(limited.every((r) => r.reason instanceof OpenAI.RateLimitError));
-  assert.ok(done.length >= 1 && done.every((r) => r.value.usage.completion_tokens === 3000));
+  assert.ok(done.length >= 1 && done.every((r) => r.value.usage.completion_tokens === 1000), 'an accepted request did not finish');
 });
 
 // ------------------------------------------------ C: text, chat, tools, Anthropic

@@ -1,5 +1,5 @@
 /* cmd_serve.c — `kiln serve MODEL [--host H] [--port P] [--max-batch N]
- * [--max-queue N] [--ctx N] [--api-key KEY] [--max-body BYTES]
+ * [--max-queue N] [--ctx N] [--api-key KEY] [--max-body BYTES] [--prefix-cache-mb N]
  * [--served-model-name NAME] [--backend cpu|cuda] [--threads N]`, or
  * `kiln serve --synthetic CONFIG.json ...` (random weights, for benchmarks). */
 #include <stdio.h>
@@ -13,7 +13,7 @@
 
 int kn_cmd_serve(int argc, char **argv) {
     kn_cli_common common = {0};
-    kn_server_options o = {.host = "127.0.0.1", .port = 8080, .max_batch = 8};
+    kn_server_options o = {.host = "127.0.0.1", .port = 8080, .max_batch = 8, .prefix_cache_mb = -1};
     const char *model = NULL;
     kn_error err = {0};
     for (int i = 0; i < argc; i++) {
@@ -37,6 +37,7 @@ int kn_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) rc = kn_parse_int(a, v, 16, 1 << 24, &n, &err), o.max_context = (int)n;
         else if (!strcmp(a, "--max-body")) rc = kn_parse_int(a, v, 1024, 1L << 30, &n, &err), o.max_body_bytes = (size_t)n;
         else if (!strcmp(a, "--api-key")) o.api_key = v;
+        else if (!strcmp(a, "--prefix-cache-mb")) rc = kn_parse_int(a, v, 0, 1L << 30, &n, &err), o.prefix_cache_mb = n;
         else if (!strcmp(a, "--served-model-name")) o.model_name = v;
         else if (!strcmp(a, "--synthetic")) o.synthetic = v;
         else return kn_cli_usage_error("serve: unknown option %s", a);

@@ -33,6 +33,7 @@
 
 #include "engine/logits_process.h"
 #include "engine/sampler.h"
+#include "kv/prefix_cache.h"
 #include "models/model.h"
 
 #define KN_ENGINE_MAX_BATCH 256
@@ -41,9 +42,10 @@ enum { ST_WAITING, ST_PREFILL, ST_DECODE };
 
 struct kn_request {
     kn_engine *e;
-    /* immutable after submit */
-    int32_t *prompt;
+    /* immutable after submit (tokens[n_prompt..] are appended by the engine) */
+    int32_t *prompt; /* [n_reserve]: the prompt, then the generated tokens */
     int n_prompt, n_reserve;
+    atomic_int n_cached;
     kn_gen_params p;
     int32_t *bias_ids;
     float *bias_values;
@@ -88,6 +90,7 @@ struct kn_engine {
     kn_request **row_req;
     kn_kv_seq **seqs;
     kn_sampler_scratch scratch;
+    kn_prefix_cache *prefix; /* NULL when disabled */
 };
 
 const double kn_hist_bounds_seconds[KN_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -227,6 +230,7 @@ kn_finish kn_request_finish(kn_request *r) {
 
 const char *kn_request_error(kn_request *r) { return r->error; }
 int kn_request_prompt_tokens(const kn_request *r) { return r->n_prompt; }
+int kn_request_cached_tokens(const kn_request *r) { return atomic_load(&r->n_cached); }
 
 int kn_request_generated_tokens(kn_request *r) {
     pthread_mutex_lock(&r->mu);
@@ -270,7 +274,7 @@ kn_submit_result kn_engine_submit(kn_engine *e, const int32_t *prompt, int n_pro
     r->e = e;
     r->n_prompt = n_prompt, r->n_reserve = n_reserve;
     r->p = *p;
-    r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
+    r->prompt = malloc((size_t)n_reserve * sizeof *r->prompt);
     int ok = r->prompt != NULL;
     if (ok && p->n_logit_bias > 0) {
         r->bias_ids = malloc((size_t)p->n_logit_bias * sizeof *r->bias_ids);
@@ -332,10 +336,13 @@ kn_submit_result kn_engine_submit(kn_engine *e, const int32_t *prompt, int n_pro
 
 /* Retire a request the engine holds (running or waiting, already unlinked). */
 static void retire(kn_engine *e, kn_request *r, kn_finish f, const char *msg) {
+    if (e->prefix && (f == KN_FINISH_STOP || f == KN_FINISH_LENGTH) && r->state == ST_DECODE)
+        kn_prefix_cache_insert(e->prefix, &r->kv, r->prompt, r->n_past); /* prompt + answer, for the next turn */
     kn_kv_seq_release(e->m->kv, &r->kv);
     pthread_mutex_lock(&e->mu); /* stats first: a consumer that saw the finish sees them too */
     e->stats.requests_finished[f]++;
     e->stats.kv_blocks_free = e->m->kv->n_free;
+    e->stats.kv_blocks_cached = e->prefix ? kn_prefix_cache_size(e->prefix) : 0;
     pthread_mutex_unlock(&e->mu);
     request_finish(r, f, msg);
     request_unref(r);
@@ -358,7 +365,20 @@ static void admit_locked(kn_engine *e, kn_request **cancelled, int *n_cancelled,
     }
     while (e->wait_head && e->n_running < e->max_batch) {
         kn_request *r = e->wait_head;
-        if (kn_kv_seq_reserve(e->m->kv, &r->kv, r->n_reserve, NULL) != KN_OK) break; /* pool short: wait */
+        kn_kv_pool *pool = e->m->kv;
+        /* reuse cached KV of the prompt's full blocks (at least one token is left to compute) */
+        int cached = e->prefix ? kn_prefix_cache_attach(e->prefix, &r->kv, r->prompt, r->n_prompt - 1) : 0;
+        if (kn_kv_seq_reserve(pool, &r->kv, r->n_reserve, NULL) != KN_OK) {
+            int64_t need = (r->n_reserve + pool->block_size - 1) / pool->block_size - r->kv.n_blocks;
+            if (!e->prefix || kn_prefix_cache_evict(e->prefix, need - pool->n_free) <= 0 ||
+                kn_kv_seq_reserve(pool, &r->kv, r->n_reserve, NULL) != KN_OK) {
+                kn_kv_seq_release(pool, &r->kv); /* pool short: wait */
+                break;
+            }
+        }
+        atomic_store(&r->n_cached, cached);
+        r->n_prefilled = r->n_past = cached;
+        e->stats.prefix_cache_hit_tokens += (uint64_t)cached;
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
         r->next = NULL;
@@ -370,6 +390,7 @@ static void admit_locked(kn_engine *e, kn_request **cancelled, int *n_cancelled,
     e->stats.queue_depth = e->n_wait;
     e->stats.running = e->n_running;
     e->stats.kv_blocks_free = e->m->kv->n_free;
+    e->stats.kv_blocks_cached = e->prefix ? kn_prefix_cache_size(e->prefix) : 0;
 }
 
 static int is_stop_token(const kn_engine *e, const kn_request *r, int32_t tok) {
@@ -397,6 +418,7 @@ static kn_finish sample_and_post(kn_engine *e, kn_request *r, float *row, double
     if (r->counts) r->counts[ev.token]++;
     if (r->seen) r->seen[ev.token] = 1;
     r->last_token = ev.token;
+    if (r->n_prompt + n_gen - 1 < r->n_reserve) r->prompt[r->n_prompt + n_gen - 1] = ev.token;
     if (is_stop_token(e, r, ev.token)) return KN_FINISH_STOP;
     if (n_gen >= r->p.s.max_new_tokens) return KN_FINISH_LENGTH;
     if (r->n_past >= e->m->max_context) return KN_FINISH_LENGTH;
@@ -452,7 +474,11 @@ static void engine_step(kn_engine *e) {
             kn_request *r = e->running[i];
             if (!r->chunk) continue;
             if (r->state == ST_DECODE) r->n_past++;
-            else r->n_prefilled += r->chunk, r->n_past = r->n_prefilled;
+            else {
+                r->n_prefilled += r->chunk, r->n_past = r->n_prefilled;
+                if (e->prefix && r->n_prefilled == r->n_prompt) /* shareable with requests admitted next */
+                    kn_prefix_cache_insert(e->prefix, &r->kv, r->prompt, r->n_prompt);
+            }
             r->kv.n_tokens = r->n_past;
         }
         double now = now_seconds(), ttft_sum = 0, tpot_sum = 0;
@@ -573,6 +599,7 @@ kn_code kn_engine_create(kn_model *m, const kn_engine_options *o, kn_engine **ou
     if (!e->running || !e->logits || !e->tokens || !e->pos || !e->seq || !e->rows || !e->row_req || !e->seqs)
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for the engine");
     if (!rc) rc = kn_sampler_scratch_init(&e->scratch, e->V, err);
+    if (!rc && opt.prefix_cache_blocks > 0) rc = kn_prefix_cache_create(m->kv, opt.prefix_cache_blocks, &e->prefix, err);
     if (!rc) {
         pthread_mutex_init(&e->mu, NULL);
         pthread_cond_init(&e->cv, NULL);
@@ -585,6 +612,7 @@ kn_code kn_engine_create(kn_model *m, const kn_engine_options *o, kn_engine **ou
         }
     }
     if (rc) {
+        kn_prefix_cache_destroy(e->prefix);
         kn_sampler_scratch_free(&e->scratch);
         free(e->running), free(e->logits), free(e->tokens), free(e->pos), free(e->seq), free(e->rows);
         free(e->row_req), free(e->seqs), free(e);
@@ -608,6 +636,7 @@ void kn_engine_destroy(kn_engine *e) {
     kn_engine_shutdown(e);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    kn_prefix_cache_destroy(e->prefix);
     kn_sampler_scratch_free(&e->scratch);
     free(e->running), free(e->logits), free(e->tokens), free(e->pos), free(e->seq), free(e->rows);
     free(e->row_req), free(e->seqs), free(e);

@@ -34,6 +34,7 @@ typedef struct {
     int max_batch;     /* sequences decoding at once; 0 = 8 (capped by the model's max_seqs) */
     int step_tokens;   /* token budget of one forward (decode + prefill chunks); 0 = model max_chunk */
     int max_queue;     /* waiting requests before submit answers KN_SUBMIT_QUEUE_FULL; 0 = 64 */
+    int64_t prefix_cache_blocks; /* KV blocks the prefix cache may hold; 0 = no prefix cache */
 } kn_engine_options;
 
 /* Per-request generation parameters. Arrays are copied by submit. */
@@ -98,6 +99,9 @@ void kn_request_release(kn_request *r);
 kn_finish kn_request_finish(kn_request *r);        /* KN_FINISH_NONE while running */
 const char *kn_request_error(kn_request *r);       /* message for KN_FINISH_ERROR, else "" */
 int kn_request_prompt_tokens(const kn_request *r);
+/* Prompt tokens whose KV came from the prefix cache (valid once the first
+ * event was read). */
+int kn_request_cached_tokens(const kn_request *r);
 int kn_request_generated_tokens(kn_request *r);
 
 /* Counters and gauges for /metrics (a snapshot). */
@@ -106,7 +110,8 @@ typedef struct {
     uint64_t requests_submitted, requests_rejected, requests_finished[5]; /* by kn_finish */
     uint64_t prompt_tokens, generated_tokens, steps, step_tokens;
     int queue_depth, running, max_batch;
-    int64_t kv_blocks_total, kv_blocks_free;
+    int64_t kv_blocks_total, kv_blocks_free, kv_blocks_cached;
+    uint64_t prefix_cache_hit_tokens;
     /* cumulative histograms in seconds: le = kn_hist_bounds[i], last = +Inf */
     uint64_t ttft_hist[KN_HIST_BUCKETS + 1], tpot_hist[KN_HIST_BUCKETS + 1], batch_hist[KN_HIST_BUCKETS + 1];
     double ttft_sum, tpot_sum, batch_sum;

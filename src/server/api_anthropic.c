@@ -401,7 +401,7 @@ void kn_api_messages(kn_srv *s, json_t *req, kn_api_reply *out) {
                              "message", "role", "assistant", "model", s->model_name, "content", content, "stop_reason",
                              stop_reason(g, st->n_tool_uses), "stop_sequence", stop_sequence(st), "usage",
                              "input_tokens", job->n_prompt, "output_tokens", g->n_generated, "cache_read_input_tokens",
-                             0, "cache_creation_input_tokens", 0);
+                             kn_request_cached_tokens(g->req), "cache_creation_input_tokens", 0);
     out->status = 200;
     kn_buf_json(&out->body, resp);
     json_decref(resp);

@@ -141,9 +141,9 @@ static json_t *completion_logprobs(kn_srv *s, const kn_token_event *ev, int n, s
                      "text_offset", offs);
 }
 
-static json_t *usage_json(int prompt, int completion) {
+static json_t *usage_json(int prompt, int completion, int cached) {
     return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", prompt, "completion_tokens", completion,
-                     "total_tokens", prompt + completion, "prompt_tokens_details", "cached_tokens", 0);
+                     "total_tokens", prompt + completion, "prompt_tokens_details", "cached_tokens", cached);
 }
 
 /* ---- tool calls ----------------------------------------------------------- */
@@ -381,7 +381,7 @@ static int oai_next(kn_stream *base, kn_buf *out, int fd) {
         if (st->include_usage) {
             json_t *c = chunk_base(st);
             json_object_set_new(c, "choices", json_array());
-            json_object_set_new(c, "usage", usage_json(st->job.n_prompt, g->n_generated));
+            json_object_set_new(c, "usage", usage_json(st->job.n_prompt, g->n_generated, kn_request_cached_tokens(g->req)));
             kn_buf_sse(out, NULL, c);
         }
     }
@@ -629,7 +629,7 @@ static void handle(kn_srv *s, json_t *req, kn_api_reply *out, int chat) {
         json_t *resp = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", st->id, "object",
                                  chat ? "chat.completion" : "text_completion", "created", (json_int_t)st->created,
                                  "model", s->model_name, "choices", choice, "usage",
-                                 usage_json(job->n_prompt, g->n_generated));
+                                 usage_json(job->n_prompt, g->n_generated, kn_request_cached_tokens(g->req)));
         out->status = 200;
         kn_buf_json(&out->body, resp);
         json_decref(resp);

@@ -200,10 +200,15 @@ static void metrics_body(kn_srv *s, kn_buf *b) {
                   "# HELP kiln_kv_blocks_free Free KV-cache blocks.\n# TYPE kiln_kv_blocks_free gauge\n"
                   "kiln_kv_blocks_free %lld\n"
                   "# HELP kiln_kv_blocks_total KV-cache blocks in the pool.\n# TYPE kiln_kv_blocks_total gauge\n"
-                  "kiln_kv_blocks_total %lld\n",
+                  "kiln_kv_blocks_total %lld\n"
+                  "# HELP kiln_kv_blocks_cached KV-cache blocks held by the prefix cache.\n"
+                  "# TYPE kiln_kv_blocks_cached gauge\nkiln_kv_blocks_cached %lld\n"
+                  "# HELP kiln_prefix_cache_hit_tokens_total Prompt tokens served from the prefix cache.\n"
+                  "# TYPE kiln_prefix_cache_hit_tokens_total counter\nkiln_prefix_cache_hit_tokens_total %llu\n",
                   (unsigned long long)st.prompt_tokens, (unsigned long long)st.generated_tokens,
                   (unsigned long long)st.steps, st.queue_depth, st.running, st.max_batch,
-                  (long long)st.kv_blocks_free, (long long)st.kv_blocks_total);
+                  (long long)st.kv_blocks_free, (long long)st.kv_blocks_total, (long long)st.kv_blocks_cached,
+                  (unsigned long long)st.prefix_cache_hit_tokens);
     hist_lines(b, "kiln_batch_size", "Sequences per forward pass.", st.batch_hist, kn_hist_bounds_batch, st.batch_sum,
                st.batch_count);
     hist_lines(b, "kiln_time_to_first_token_seconds", "Time from submit to the first token.", st.ttft_hist,
@@ -416,6 +421,9 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
                 src_path);
     }
     kn_engine_options eo = {.max_batch = s->opt.max_batch, .max_queue = o->max_queue};
+    int64_t block_bytes = kn_kv_bytes_per_token(s->model->kv) * s->model->kv->block_size;
+    eo.prefix_cache_blocks = o->prefix_cache_mb < 0 ? s->model->kv->n_blocks / 2
+                                                    : (int64_t)o->prefix_cache_mb * (1 << 20) / block_bytes;
     if ((rc = kn_engine_create(s->model, &eo, &s->engine, err))) goto done;
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST}, *ai;

@@ -24,6 +24,7 @@ typedef struct {
     int n_threads;
     size_t max_body_bytes;  /* default 4 MiB */
     int max_connections;    /* default 256 */
+    long prefix_cache_mb;   /* KV the prefix cache may keep; -1 = half the KV pool, 0 = off */
 } kn_server_options;
 
 /* Load the model, start the engine and the HTTP daemon, serve until SIGINT /

@@ -207,7 +207,8 @@ await test('client disconnect mid-stream cancels and frees the KV blocks', async
   const ok = await until(async () => {
     const m = await metrics(B);
     return m.get('kiln_requests_finished_total{reason="cancelled"}') === c0 + 1 &&
-      m.get('kiln_kv_blocks_free') === m.get('kiln_kv_blocks_total') && m.get('kiln_running_sequences') === 0;
+      m.get('kiln_kv_blocks_free') + m.get('kiln_kv_blocks_cached') === m.get('kiln_kv_blocks_total') &&
+      m.get('kiln_running_sequences') === 0;
   });
   assert.ok(ok, 'the aborted request was not cancelled / its blocks not freed');
 });
@@ -324,6 +325,19 @@ if (C) {
     const r2 = await cc.chat.completions.create({ model: 'm', messages: msgs, tools: c.tools, temperature: 0, max_tokens: 48 });
     assert.equal(r2.usage.prompt_tokens, res.prompt_ids.length, 'round-trip prompt differs from the HF rendering');
     assert.equal(r2.choices[0].message.content, expectChat(res.greedy_text_skip_special).content);
+  });
+
+  await test('prefix cache: a repeated prompt reports cached_tokens and the same answer', async () => {
+    const c = byName.tool_calls_two; // 198 prompt tokens
+    const a = await cc.chat.completions.create(chatReq(c));
+    const b = await cc.chat.completions.create(chatReq(c));
+    const blocks = Math.floor((c.prompt_ids.length - 1) / 16) * 16;
+    assert.equal(b.usage.prompt_tokens_details.cached_tokens, blocks);
+    assert.deepEqual(b.choices[0].message.tool_calls.map((t) => t.function),
+      a.choices[0].message.tool_calls.map((t) => t.function));
+    assert.equal(b.usage.completion_tokens, c.greedy_ids.length);
+    const m = await metrics(C);
+    assert.ok(m.get('kiln_prefix_cache_hit_tokens_total') >= blocks);
   });
 
   await test('anthropic messages: text, thinking, tool_use, stream events', async () => {

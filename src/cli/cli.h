@@ -14,6 +14,7 @@ int kn_cmd_template(int argc, char **argv);
 
 /* `kiln run` with text (-p PROMPT / --chat) on an opened model; exit code. */
 int kn_run_text(kn_model *m, const char *dir, const char *prompt, int chat, const kn_sampling *s);
+int kn_cmd_serve(int argc, char **argv);
 
 /* Print "kiln: <message>" and return 1. */
 int kn_cli_error(const kn_error *err);

@@ -19,6 +19,8 @@ static const char usage[] =
     "  detokenize MODEL IDS... [--skip-special]   text of the ids\n"
     "  template MODEL --messages F.json [--tools F.json] [--no-generation-prompt] [--kwargs JSON] [--variant NAME]\n"
     "        render the model's chat template (as transformers' apply_chat_template) to stdout\n"
+    "  serve MODEL [--host 127.0.0.1] [--port 8080] [--max-batch 8] [--api-key KEY] [--ctx N]\n"
+    "        OpenAI/Anthropic-compatible HTTP server (see docs/SERVER.md)\n"
     "\n"
     "common options: --backend cpu|cuda  --threads N  --kv f32  --gpu-memory FRACTION (of GPU memory; default 0.9)\n"
     "MODEL is a directory in Hugging Face layout or a repo id present in the HF cache.\n";
@@ -88,10 +90,11 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return kn_cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "detokenize")) return kn_cmd_detokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "template")) return kn_cmd_template(argc - 2, argv + 2);
-    static const char *const later[] = {"serve", "mel", "transcribe", "quantize", "pull", "ls", "fit"};
+    if (!strcmp(cmd, "serve")) return kn_cmd_serve(argc - 2, argv + 2);
+    static const char *const later[] = {"mel", "transcribe", "quantize", "pull", "ls", "fit"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(cmd, later[i])) {
-            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, tokenize, detokenize, template)\n", cmd);
+            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, serve, tokenize, detokenize, template)\n", cmd);
             return 2;
         }
     return kn_cli_usage_error("unknown command \"%s\"", cmd);

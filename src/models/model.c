@@ -114,7 +114,7 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
     }
     kn_tensor_source src = {.find = view_find, .ctx = &view, .outlives_model = 1};
     kn_model *m;
-    if ((rc = kn_model_build(&cfg, &src, be, ctx, 1, &m, err))) {
+    if ((rc = kn_model_build(&cfg, &src, be, ctx, o.max_seqs > 0 ? o.max_seqs : 1, &m, err))) {
         free(view.used);
         kn_st_close(st);
         return kn_fail_wrap(err, "%s", dir);

@@ -106,7 +106,13 @@ static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w
     cpu_backend *c = cpu(be);
     const int64_t N = w->rows;
     const int nt = be->n_threads;
-    if (M <= 4) {
+    /* Up to 16 rows (a continuous-batching decode step) go through the GEMV
+     * kernels: each weight row is streamed once for all x rows, and a row's
+     * result does not depend on how many rows share the call, so a batched
+     * decode gives bit-identical logits to a solo one. Measured on the 2-core
+     * dev machine, 0.44B bf16 synthetic, 8 sequences: ~100 tok/s through GEMV
+     * vs ~5.5 tok/s through the packed GEMM. */
+    if (M <= 16) {
         /* chunks of rows handed out dynamically: each chunk is one sequential
          * stream, and a thread that gets less bandwidth simply takes fewer
          * chunks instead of leaving the other waiting at the barrier */

@@ -6,8 +6,9 @@ BUILD_ASAN ?= build-asan
 BUILD_FUZZ ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+FUZZ_AUDIO_SECONDS ?= 20
 
-APT_BUILD = build-essential cmake pkg-config libjansson-dev
+APT_BUILD = build-essential cmake pkg-config libjansson-dev libsndfile1-dev libsoxr-dev libkissfft-dev
 APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -50,7 +51,7 @@ test-asan: deps-test
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=2 ctest --output-on-failure -j 1
 
-# libFuzzer over the safetensors header parser, bounded time, seed corpus
+# libFuzzer over the safetensors header parser and the audio decoder, bounded time, seed corpus
 # copied so findings never land in the tree; any crash fails the target.
 fuzz: deps-test
 	CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DKILN_FUZZ=ON
@@ -58,6 +59,10 @@ fuzz: deps-test
 	rm -rf $(BUILD_FUZZ)/corpus && cp -r tests/fuzz/corpus_safetensors $(BUILD_FUZZ)/corpus
 	./$(BUILD_FUZZ)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_audio
+	rm -rf $(BUILD_FUZZ)/corpus_audio && cp -r tests/fuzz/corpus_audio $(BUILD_FUZZ)/corpus_audio
+	OMP_NUM_THREADS=1 LSAN_OPTIONS=suppressions=tests/fuzz/lsan_audio.supp ./$(BUILD_FUZZ)/fuzz_audio -max_total_time=$(FUZZ_AUDIO_SECONDS) -rss_limit_mb=2048 \
+	    -artifact_prefix=$(BUILD_FUZZ)/audio- $(BUILD_FUZZ)/corpus_audio
 
 bench: build
 	./$(BUILD)/kiln bench --synthetic bench/shapes/llama-0.44b.json --prompt 128 --gen 64 --threads 2

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_ops_whisper.h"
 
 typedef struct {
     kn_backend base;
@@ -348,6 +349,9 @@ static const kn_backend_vtbl cpu_vtbl = {
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .softmax = cpu_softmax,
+    /* whisper */
+    .im2col_1d = kn_cpu_im2col_1d,
+    .attention_dense = kn_cpu_attention_dense,
     .read_bandwidth = cpu_read_bandwidth,
 };
 

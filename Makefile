@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 FUZZ_AUDIO_SECONDS ?= 20
 
-APT_BUILD = build-essential cmake pkg-config libjansson-dev libsndfile1-dev libsoxr-dev libkissfft-dev
+APT_BUILD = build-essential cmake pkg-config libjansson-dev libsndfile1-dev libsoxr-dev libkissfft-dev zlib1g-dev
 APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -9,6 +9,7 @@ int kn_cmd_run(int argc, char **argv);
 int kn_cmd_logits(int argc, char **argv);
 int kn_cmd_bench(int argc, char **argv);
 int kn_cmd_mel(int argc, char **argv);
+int kn_cmd_transcribe(int argc, char **argv);
 
 /* Print "kiln: <message>" and return 1. */
 int kn_cli_error(const kn_error *err);

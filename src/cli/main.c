@@ -13,8 +13,10 @@ static const char usage[] =
     "commands:\n"
     "  run MODEL --ids 1,2,3 [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--ignore-eos]\n"
     "        generate; with --ids the generated ids are printed to stdout, space-separated\n"
-    "  logits MODEL --ids 1,2,3 --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
+    "  logits MODEL --ids 1,2,3 [--mel FILE.npy] --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
     "  mel AUDIO [--n-mels 80|128] --out FILE.npy   Whisper log-mel of the first 30 s, float32 [n_mels, 3000]\n"
+    "  transcribe AUDIO --model WHISPER [--language L] [--task transcribe|translate] [--beam-size N]\n"
+    "        [--format text|json|verbose_json|srt|vtt|tokens] [--no-timestamps] [--temperature T] [--no-fallback]\n"
     "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--json]\n"
     "\n"
     "common options: --backend cpu  --threads N  --kv f32\n"
@@ -78,11 +80,12 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "logits")) return kn_cmd_logits(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return kn_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "mel")) return kn_cmd_mel(argc - 2, argv + 2);
-    static const char *const later[] = {"serve", "tokenize", "detokenize", "template", "transcribe",
+    if (!strcmp(cmd, "transcribe")) return kn_cmd_transcribe(argc - 2, argv + 2);
+    static const char *const later[] = {"serve", "tokenize", "detokenize", "template",
                                         "quantize", "pull", "ls", "fit"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(cmd, later[i])) {
-            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, mel)\n", cmd);
+            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, mel, transcribe)\n", cmd);
             return 2;
         }
     return kn_cli_usage_error("unknown command \"%s\"", cmd);

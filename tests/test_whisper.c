@@ -280,6 +280,59 @@ static void test_oracle(void) {
     json_decref(o.ref);
 }
 
+/* ---- output formats (SubRip / WebVTT / OpenAI verbose_json layouts) -------- */
+static void test_formats(void) {
+    int32_t t0[] = {5, 6}, t1[] = {7};
+    kn_segment segs[2] = {
+        {.id = 0, .seek = 0, .start = 0.0, .end = 3.5, .tokens = t0, .n_tokens = 2, .text = " And so my fellow",
+         .avg_logprob = -0.25, .compression_ratio = 1.5, .no_speech_prob = 0.01},
+        {.id = 1, .seek = 0, .start = 3.5, .end = 3661.042, .tokens = t1, .n_tokens = 1, .text = " Americans.",
+         .temperature = 0.2f, .avg_logprob = -0.5, .compression_ratio = 1.0, .no_speech_prob = 0.02},
+    };
+    kn_transcript t = {.segments = segs, .n_segments = 2, .language = "en", .text = " And so my fellow Americans.",
+                       .duration = 11.0};
+    char *out = NULL;
+    kn_error err = {0};
+    CHECK(kn_transcript_format(&t, "srt", "transcribe", &out, &err) == KN_OK, "srt: %s", err.msg);
+    const char *srt = "1\n00:00:00,000 --> 00:00:03,500\nAnd so my fellow\n\n"
+                      "2\n00:00:03,500 --> 01:01:01,042\nAmericans.\n\n";
+    CHECK(out && !strcmp(out, srt), "srt output:\n%s", out ? out : "(null)");
+    free(out);
+    CHECK(kn_transcript_format(&t, "vtt", "transcribe", &out, &err) == KN_OK, "vtt: %s", err.msg);
+    const char *vtt = "WEBVTT\n\n00:00:00.000 --> 00:00:03.500\nAnd so my fellow\n\n"
+                      "00:00:03.500 --> 01:01:01.042\nAmericans.\n\n";
+    CHECK(out && !strcmp(out, vtt), "vtt output:\n%s", out ? out : "(null)");
+    free(out);
+    CHECK(kn_transcript_format(&t, "text", "transcribe", &out, &err) == KN_OK && out &&
+              !strcmp(out, "And so my fellow Americans.\n"), "text output: %s", out ? out : "(null)");
+    free(out);
+    CHECK(kn_transcript_format(&t, "json", "transcribe", &out, &err) == KN_OK && out &&
+              !strcmp(out, "{\"text\":\" And so my fellow Americans.\"}\n"), "json output: %s", out ? out : "(null)");
+    free(out);
+    CHECK(kn_transcript_format(&t, "verbose_json", "translate", &out, &err) == KN_OK, "verbose_json: %s", err.msg);
+    json_error_t je;
+    json_t *j = out ? json_loads(out, 0, &je) : NULL;
+    CHECK(j != NULL, "verbose_json does not parse: %s", out ? out : "(null)");
+    if (j) {
+        json_t *s1 = json_array_get(json_object_get(j, "segments"), 1);
+        CHECK(!strcmp(json_string_value(json_object_get(j, "task")), "translate") &&
+                  !strcmp(json_string_value(json_object_get(j, "language")), "en") &&
+                  json_real_value(json_object_get(j, "duration")) == 11.0 &&
+                  json_array_size(json_object_get(j, "segments")) == 2 &&
+                  json_integer_value(json_object_get(s1, "id")) == 1 &&
+                  fabs(json_real_value(json_object_get(s1, "end")) - 3661.042) < 1e-9 &&
+                  !strcmp(json_string_value(json_object_get(s1, "text")), " Americans.") &&
+                  json_integer_value(json_array_get(json_object_get(s1, "tokens"), 0)) == 7 &&
+                  fabs(json_real_value(json_object_get(s1, "temperature")) - 0.2) < 1e-6 &&
+                  json_object_get(s1, "avg_logprob") && json_object_get(s1, "compression_ratio") &&
+                  json_object_get(s1, "no_speech_prob") && json_object_get(s1, "seek"),
+              "verbose_json fields: %s", out);
+        json_decref(j);
+    }
+    free(out);
+    CHECK(kn_transcript_format(&t, "docx", "transcribe", &out, &err) == KN_ERR_INVALID_ARG, "unknown format accepted");
+}
+
 int main(void) {
     backend_name = getenv("KILN_TEST_BACKEND");
     if (backend_name) {
@@ -291,6 +344,7 @@ int main(void) {
         }
         kn_backend_destroy(be);
     }
+    test_formats();
     test_cache_consistency();
     test_oracle();
     return kn_test_done("test_whisper");

@@ -344,7 +344,7 @@ kn_code kn_transcript_format(const kn_transcript *t, const char *format, const c
                 json_object_set_new(s, "end", json_real(g->end));
                 json_object_set_new(s, "text", json_string(g->text ? g->text : ""));
                 json_object_set_new(s, "tokens", tk);
-                json_object_set_new(s, "temperature", json_real(g->temperature));
+                json_object_set_new(s, "temperature", json_real(round(g->temperature * 1e6) / 1e6)); /* 0.2f -> 0.2 */
                 json_object_set_new(s, "avg_logprob", json_real(g->avg_logprob));
                 json_object_set_new(s, "compression_ratio", json_real(g->compression_ratio));
                 json_object_set_new(s, "no_speech_prob", json_real(g->no_speech_prob));
@@ -352,7 +352,7 @@ kn_code kn_transcript_format(const kn_transcript *t, const char *format, const c
             }
             json_object_set_new(j, "segments", segs);
         }
-        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(10));
         json_decref(j);
         if (!s) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
         sb_printf(&b, "%s\n", s);

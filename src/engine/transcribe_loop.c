@@ -67,6 +67,9 @@ static kn_code add_segment(kn_transcript *t, const kn_decode_options *o, int eot
     t->segments = s;
     kn_segment *g = &s[t->n_segments];
     memset(g, 0, sizeof *g);
+    /* a timestamp past the end of the audio (padding) ends at the audio's end */
+    if (end > t->duration) end = t->duration;
+    if (start > end) start = end;
     g->id = t->n_segments;
     g->seek = seek;
     g->start = start;

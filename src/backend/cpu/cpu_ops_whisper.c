@@ -4,7 +4,8 @@
  * Each (query row, head) pair is independent, so attention is one parallel
  * loop over them; every thread keeps one score row of n_kv floats. Softmax
  * subtracts the row max; sums accumulate in float as torch's CPU SDPA does
- * within its blocks. */
+ * within its blocks (the q.k dot is an `omp simd` reduction: vectorised,
+ * summation order unspecified, well inside the float64 check's tolerance). */
 #include "backend/cpu/cpu_ops_whisper.h"
 
 #include <math.h>
@@ -49,6 +50,7 @@ void kn_cpu_attention_dense(kn_backend *be, const kn_dense_attention_args *a) {
             for (int j = 0; j < len; j++) {
                 const float *kr = a->k + (int64_t)j * a->k_stride + (int64_t)h * hd;
                 float s = 0;
+#pragma omp simd reduction(+ : s)
                 for (int d = 0; d < hd; d++) s += q[d] * kr[d];
                 s *= a->scale;
                 score[j] = s;

@@ -400,7 +400,7 @@ kn_code kn_whisper_decode_window(kn_whisper *w, const float *mel, const int32_t 
         lang = lang_token(c, o->language);
         if (lang < 0) return kn_fail(err, KN_ERR_INVALID_ARG, "whisper: language \"%s\" is not in this model", o->language);
     }
-    kn_code rc = kn_whisper_encode(w, mel, err);
+    kn_code rc = mel ? kn_whisper_encode(w, mel, err) : KN_OK;
     if (rc) return rc;
     float *logits = malloc(sizeof(float) * (size_t)V * (size_t)(T > 64 ? T : 64));
     if (!logits) return kn_fail(err, KN_ERR_NOMEM, "out of memory");

@@ -67,8 +67,9 @@ typedef struct {
 
 void kn_decode_result_free(kn_decode_result *r);
 
-/* Decode one window. mel is [n_mels, 3000] (host); prev (may be NULL) are
- * earlier text/timestamp tokens for the <|startofprev|> prefix. */
+/* Decode one window. mel is [n_mels, 3000] (host), or NULL to reuse the
+ * encoder output of the previous call (a fallback retry); prev (may be NULL)
+ * are earlier text/timestamp tokens for the <|startofprev|> prefix. */
 kn_code kn_whisper_decode_window(kn_whisper *w, const float *mel, const int32_t *prev, int n_prev,
                                  const kn_decode_options *o, float temperature, kn_decode_result *r, kn_error *err);
 

@@ -103,7 +103,7 @@ static kn_code decode_with_fallback(kn_whisper *w, const float *mel, const int32
     int nt = o->n_temperatures > 0 ? o->n_temperatures : 1;
     for (int i = 0; i < nt; i++) {
         float temp = o->n_temperatures > 0 ? o->temperatures[i] : 0.0f;
-        kn_code rc = kn_whisper_decode_window(w, mel, prev, n_prev, o, temp, r, err);
+        kn_code rc = kn_whisper_decode_window(w, i == 0 ? mel : NULL, prev, n_prev, o, temp, r, err); /* encode once */
         if (rc) return rc;
         int needs = 0;
         if (o->compression_ratio_threshold > 0 && r->compression_ratio > o->compression_ratio_threshold) needs = 1;

@@ -4,8 +4,8 @@
  * Each (query row, head) pair is independent, so attention is one parallel
  * loop over them; every thread keeps one score row of n_kv floats. Softmax
  * subtracts the row max; sums accumulate in float as torch's CPU SDPA does
- * within its blocks (the q.k dot is an `omp simd` reduction: vectorised,
- * summation order unspecified, well inside the float64 check's tolerance). */
+ * within its blocks. Keys are transposed per head first so that scores
+ * vectorise across keys (see kn_cpu_attention_dense). */
 #include "backend/cpu/cpu_ops_whisper.h"
 
 #include <math.h>
@@ -29,15 +29,27 @@ void kn_cpu_im2col_1d(kn_backend *be, const float *x, int64_t x_t_stride, int64_
 }
 
 void kn_cpu_attention_dense(kn_backend *be, const kn_dense_attention_args *a) {
-    const int hd = a->head_dim, n_kv = a->n_kv;
-    const int64_t pairs = (int64_t)a->n_q * a->n_heads;
+    const int hd = a->head_dim, n_kv = a->n_kv, H = a->n_heads;
+    const int64_t pairs = (int64_t)a->n_q * H;
+    if (pairs <= 0) return;
+    /* K transposed per head, kt[h][d][j], so that a query's scores are a
+     * sum over d of (q[d] x a contiguous row of keys): vectorises over j with
+     * no horizontal reduction. */
+    float *kt = n_kv > 0 ? malloc(sizeof(float) * (size_t)n_kv * (size_t)H * (size_t)hd) : NULL;
+    if (kt) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+        for (int j = 0; j < n_kv; j++) {
+            const float *kr = a->k + (int64_t)j * a->k_stride;
+            for (int c = 0; c < H * hd; c++) kt[(int64_t)c * n_kv + j] = kr[c];
+        }
+    }
 #pragma omp parallel num_threads(be->n_threads)
     {
         float *score = malloc(sizeof(float) * (size_t)(n_kv > 0 ? n_kv : 1));
         float *acc = malloc(sizeof(float) * (size_t)hd);
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < pairs; p++) {
-            const int i = (int)(p / a->n_heads), h = (int)(p % a->n_heads);
+            const int i = (int)(p / H), h = (int)(p % H);
             int len = n_kv;
             if (a->causal && a->q_pos0 + i + 1 < len) len = a->q_pos0 + i + 1;
             float *o = a->out + (int64_t)i * a->out_stride + (int64_t)h * hd;
@@ -46,15 +58,26 @@ void kn_cpu_attention_dense(kn_backend *be, const kn_dense_attention_args *a) {
                 continue;
             }
             const float *q = a->q + (int64_t)i * a->q_stride + (int64_t)h * hd;
+            if (kt) {
+                for (int j = 0; j < len; j++) score[j] = 0.0f;
+                for (int d = 0; d < hd; d++) {
+                    const float qd = q[d];
+                    const float *row = kt + ((int64_t)h * hd + d) * n_kv;
+#pragma omp simd
+                    for (int j = 0; j < len; j++) score[j] += qd * row[j];
+                }
+            } else { /* no memory for the transpose: strided keys */
+                for (int j = 0; j < len; j++) {
+                    const float *kr = a->k + (int64_t)j * a->k_stride + (int64_t)h * hd;
+                    float s = 0;
+                    for (int d = 0; d < hd; d++) s += q[d] * kr[d];
+                    score[j] = s;
+                }
+            }
             float mx = -INFINITY;
             for (int j = 0; j < len; j++) {
-                const float *kr = a->k + (int64_t)j * a->k_stride + (int64_t)h * hd;
-                float s = 0;
-#pragma omp simd reduction(+ : s)
-                for (int d = 0; d < hd; d++) s += q[d] * kr[d];
-                s *= a->scale;
-                score[j] = s;
-                if (s > mx) mx = s;
+                score[j] *= a->scale;
+                if (score[j] > mx) mx = score[j];
             }
             float sum = 0;
             for (int j = 0; j < len; j++) {
@@ -65,12 +88,14 @@ void kn_cpu_attention_dense(kn_backend *be, const kn_dense_attention_args *a) {
             for (int d = 0; d < hd; d++) acc[d] = 0;
             for (int j = 0; j < len; j++) {
                 const float *vr = a->v + (int64_t)j * a->v_stride + (int64_t)h * hd;
-                const float w = score[j] * inv;
-                for (int d = 0; d < hd; d++) acc[d] += w * vr[d];
+                const float wj = score[j] * inv;
+#pragma omp simd
+                for (int d = 0; d < hd; d++) acc[d] += wj * vr[d];
             }
             memcpy(o, acc, sizeof(float) * (size_t)hd);
         }
         free(score);
         free(acc);
     }
+    free(kt);
 }

@@ -62,6 +62,10 @@ static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
     be->vt->matmul(be, dx, M, &w, with_bias ? db : NULL, dout);
     back(out, dout, (size_t)M * N * 4);
     kn_be_free(be, dx), kn_be_free(be, db);
+    /* a backend may round x to the weight dtype for large M (tensor cores) */
+    if (dt != KN_DT_F32 && be->matmul_x_rounding_min_rows && M >= be->matmul_x_rounding_min_rows)
+        for (int64_t i = 0; i < (int64_t)M * K; i++)
+            x[i] = dt == KN_DT_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16(x[i])) : kn_f16_to_f32(kn_f32_to_f16(x[i]));
     int bad = 0;
     for (int m = 0; m < M && bad < 3; m++)
         for (int n = 0; n < N && bad < 3; n++) {
@@ -76,6 +80,28 @@ static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
                       with_bias, m, n, out[(int64_t)m * N + n], ref);
             }
         }
+    if (be->vt->matmul_add) { /* fused residual: out += x . W^T + bias, out starting at 1.5 */
+        for (int64_t i = 0; i < (int64_t)M * N; i++) out[i] = 1.5f;
+        float *dacc = dev(out, (size_t)M * N * 4);
+        dx = dev(x, (size_t)M * K * 4), db = dev(bias, (size_t)N * 4);
+        be->vt->matmul_add(be, dx, M, &w, with_bias ? db : NULL, dacc);
+        back(out, dacc, (size_t)M * N * 4);
+        kn_be_free(be, dx), kn_be_free(be, db);
+        bad = 0;
+        for (int m = 0; m < M && bad < 3; m++)
+            for (int n = 0; n < N && bad < 3; n++) {
+                double ref = 1.5 + (with_bias ? bias[n] : 0.0), mag = fabs(ref);
+                for (int k = 0; k < K; k++) {
+                    ref += (double)x[m * K + k] * wf[(int64_t)n * K + k];
+                    mag += fabs((double)x[m * K + k] * wf[(int64_t)n * K + k]);
+                }
+                if (!close_to(out[(int64_t)m * N + n], ref, mag, 2e-6 * sqrt(K + 1.0))) {
+                    bad++;
+                    CHECK(0, "matmul_add %s M=%d N=%d K=%d at [%d,%d]: got %g want %g", kn_dtype_name(dt), M, N, K, m, n,
+                          out[(int64_t)m * N + n], ref);
+                }
+            }
+    }
     kn_be_weight_free(be, &w);
     free(x), free(out), free(bias), free(wf), free(wraw);
 }
@@ -155,7 +181,10 @@ done:
 }
 
 /* Two sequences with shuffled block tables; tokens of both in one call. */
-static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, int window) {
+/* Queries: the last q0 positions of sequence 0 and the last 2 of sequence 1.
+ * With host mirrors (q0 long enough) a backend may take its GEMM path, in
+ * compute_dtype (BF16 rounds q/k/v/probabilities: looser tolerance). */
+static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, int window, int q0, int compute_dtype) {
     const int bs = 16;
     int nb0 = (len0 + bs - 1) / bs, nb1 = (len1 + bs - 1) / bs, nblocks = nb0 + nb1 + 3;
     int max_blocks = nb0 > nb1 ? nb0 : nb1;
@@ -172,9 +201,10 @@ static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, in
         if (i < nb0) bt[i] = next--;
         if (i < nb1) bt[max_blocks + i] = next--;
     }
-    /* queries: last 3 positions of seq 0 and last 2 of seq 1 */
-    int n_tok = 5;
-    int32_t pos[5] = {len0 - 3, len0 - 2, len0 - 1, len1 - 2, len1 - 1}, seq[5] = {0, 0, 0, 1, 1};
+    int n_tok = q0 + 2;
+    int32_t *pos = malloc((size_t)n_tok * 4), *seq = malloc((size_t)n_tok * 4);
+    for (int i = 0; i < q0; i++) pos[i] = len0 - q0 + i, seq[i] = 0;
+    pos[q0] = len1 - 2, pos[q0 + 1] = len1 - 1, seq[q0] = seq[q0 + 1] = 1;
     int64_t qs = (int64_t)n_heads * hd + 7;
     float *q = malloc((size_t)(n_tok * qs) * 4), *out = malloc((size_t)n_tok * n_heads * hd * 4);
     fill(q, n_tok * qs, 1.0f);
@@ -184,9 +214,11 @@ static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, in
     kn_kv_layer dkv = kv;
     dkv.k = dev(kv.k, kvb), dkv.v = dev(kv.v, kvb);
     float *dq = dev(q, (size_t)(n_tok * qs) * 4), *dout = dev(out, (size_t)n_tok * n_heads * hd * 4);
-    int32_t *dpos = dev(pos, sizeof pos), *dseq = dev(seq, sizeof seq), *dbt = dev(bt, (size_t)2 * max_blocks * 4);
+    int32_t *dpos = dev(pos, (size_t)n_tok * 4), *dseq = dev(seq, (size_t)n_tok * 4), *dbt = dev(bt, (size_t)2 * max_blocks * 4);
     kn_attention_args a = {.q = dq, .q_stride = qs, .out = dout, .n_tokens = n_tok, .n_heads = n_heads, .scale = scale,
-                           .window = window, .pos = dpos, .seq = dseq, .block_tables = dbt, .max_blocks = max_blocks, .kv = &dkv};
+                           .window = window, .pos = dpos, .seq = dseq, .block_tables = dbt, .max_blocks = max_blocks, .kv = &dkv,
+                           .pos_host = pos, .seq_host = seq, .compute_dtype = compute_dtype};
+    const double tol = compute_dtype == KN_DT_F32 ? 1e-5 : 3e-2;
     be->vt->attention(be, &a);
     back(out, dout, (size_t)n_tok * n_heads * hd * 4);
     kn_be_free(be, dkv.k), kn_be_free(be, dkv.v), kn_be_free(be, dq), kn_be_free(be, dpos), kn_be_free(be, dseq),
@@ -210,15 +242,19 @@ static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, in
                 for (int j = lo; j <= p; j++)
                     ref += sc[j] / sum * kv.v[((int64_t)row[j / bs] * bs + j % bs) * slot_w + kvh * hd + d];
                 float got = out[((int64_t)t * n_heads + h) * hd + d];
-                if (!close_to(got, ref, 1.0, 1e-5)) {
-                    CHECK(0, "attention heads=%d/%d hd=%d len=%d/%d window=%d [t%d h%d d%d]: got %g want %g", n_heads,
-                          n_kv, hd, len0, len1, window, t, h, d, got, ref);
+                if (!close_to(got, ref, 1.0, tol)) {
+                    CHECK(0, "attention heads=%d/%d hd=%d len=%d/%d window=%d q0=%d dt=%d [t%d h%d d%d]: got %g want %g",
+                          n_heads, n_kv, hd, len0, len1, window, q0, compute_dtype, t, h, d, got, ref);
                     goto done;
                 }
             }
         }
 done:
-    free(sc), free(kv.k), free(kv.v), free(bt), free(q), free(out);
+    free(sc), free(kv.k), free(kv.v), free(bt), free(q), free(out), free(pos), free(seq);
+}
+
+static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, int window) {
+    test_attention_q(n_heads, n_kv, hd, len0, len1, window, 3, KN_DT_F32);
 }
 
 static void test_swiglu_softmax_embed(void) {
@@ -450,6 +486,12 @@ int main(void) {
             test_attention(gqa[g][0], gqa[g][1], hds[h], 300, 17, 16);
         }
     test_attention(4, 2, 64, 2100, 5, 0); /* long context */
+    /* prefill-shaped runs (a backend's GEMM path): exact f32 and bf16 */
+    test_attention_q(8, 2, 128, 300, 20, 0, 70, KN_DT_F32);
+    test_attention_q(8, 2, 64, 300, 20, 100, 130, KN_DT_F32);
+    test_attention_q(4, 4, 256, 90, 17, 0, 40, KN_DT_F32);
+    test_attention_q(8, 1, 128, 200, 33, 0, 64, KN_DT_BF16);
+    test_attention_q(16, 2, 64, 120, 5, 48, 100, KN_DT_F16);
     test_swiglu_softmax_embed();
     test_layer_norm(1, 64, 1);
     test_layer_norm(6, 384, 1);

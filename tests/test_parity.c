@@ -184,8 +184,16 @@ static void check_fixture(const char *name) {
         double d = fabs((double)inc[i] - got[i]);
         if (!(d <= maxi)) maxi = isnan(d) ? INFINITY : d;
     }
-    CHECK(maxi <= 2e-5 * gscale, "%s: incremental vs prefill max |d| %.3g", name, maxi);
-    printf(", incremental %.2e", maxi / gscale);
+    if (is_bf16 && m->be->matmul_x_rounding_min_rows) {
+        /* prefill rounds activations to bf16 for tensor-core GEMMs, decode
+         * does not: the two agree to bf16 precision, judged like bf16 itself */
+        double kli = mean_kl(got, inc, n, V);
+        CHECK(kli <= 2e-3, "%s: incremental vs prefill mean KL %.3g > 2e-3", name, kli);
+        printf(", incremental KL %.2e", kli);
+    } else {
+        CHECK(maxi <= 2e-5 * gscale, "%s: incremental vs prefill max |d| %.3g", name, maxi);
+        printf(", incremental %.2e", maxi / gscale);
+    }
     /* greedy continuation */
     int32_t toks[256], *w = toks;
     kn_sampling s = {.temperature = 0, .top_p = 1, .max_new_tokens = 24};

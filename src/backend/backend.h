@@ -71,6 +71,12 @@ typedef struct {
     const int32_t *block_tables; /* [n_seqs, max_blocks] */
     int max_blocks;
     const kn_kv_layer *kv;
+    /* optional host mirrors of pos/seq (NULL: unknown). With them a backend
+     * may run long same-sequence runs of queries (prefill chunks) as tensor-
+     * core GEMMs, rounding q/k/v/probabilities to compute_dtype when that is
+     * BF16/F16 (KN_DT_F32: exact float32 GEMMs). */
+    const int32_t *pos_host, *seq_host;
+    int compute_dtype;
 } kn_attention_args;
 
 /* Dense multi-head attention (whisper: encoder self-attention, cross-
@@ -104,6 +110,9 @@ typedef struct kn_backend_vtbl {
     void (*rms_norm)(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,
                      int groups, int dim, const float *w, float eps);
     void (*matmul)(kn_backend *be, const float *x, int rows, const kn_weight *w, const float *bias, float *out);
+    /* optional (NULL: callers use matmul + add): out += x . W^T (+ bias),
+     * the residual add fused into the matmul's epilogue */
+    void (*matmul_add)(kn_backend *be, const float *x, int rows, const kn_weight *w, const float *bias, float *out);
     void (*rope)(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
                  const int32_t *pos, const kn_rope_table *rope);
     void (*kv_write)(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
@@ -134,12 +143,27 @@ typedef struct kn_backend_vtbl {
     /* measurement: sustained memory read bandwidth in bytes/s (the floor
      * that memory-bound decode is compared against) */
     double (*read_bandwidth)(kn_backend *be);
+    /* Optional launch-free replay (NULL where a backend has none). A forward
+     * of one batch shape (key) is recorded once and then replayed with new
+     * index data. graph_replay: 1 if key was recorded and has been launched.
+     * graph_begin: 1 if the ops enqueued until graph_end are being recorded
+     * (not executed yet), 0 if they run eagerly (first sight of the key).
+     * graph_end: launches the recording; 0 if recording failed, and then the
+     * caller must enqueue the ops again (they will run eagerly). Index arrays
+     * and scratch pointers used inside must stay fixed for a key. */
+    int (*graph_replay)(kn_backend *be, uint64_t key);
+    int (*graph_begin)(kn_backend *be, uint64_t key);
+    int (*graph_end)(kn_backend *be, uint64_t key);
 } kn_backend_vtbl;
 
 struct kn_backend {
     const kn_backend_vtbl *vt;
     int n_threads;
     int max_positions; /* longest sequence attention supports; 0 = unlimited */
+    /* matmuls of at least this many rows may round x to the weight's 16-bit
+     * dtype before multiplying (tensor-core GEMM); 0 = x is always used in
+     * float32. Tests build their reference accordingly. */
+    int matmul_x_rounding_min_rows;
 };
 
 /* Create a backend by name ("cpu", or "cuda" in builds with KILN_CUDA).

@@ -247,7 +247,8 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
     m->max_context = max_context;
     m->max_seqs = max_seqs;
     m->max_chunk = MAX_CHUNK;
-    m->logits_rows = MAX_LOGIT_ROWS;
+    /* a decode step of every sequence fits one logits chunk */
+    m->logits_rows = max_seqs > MAX_LOGIT_ROWS ? (max_seqs < MAX_CHUNK ? max_seqs : MAX_CHUNK) : MAX_LOGIT_ROWS;
     kn_code rc = KN_OK;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto fail; }
@@ -328,10 +329,68 @@ int64_t kn_model_weight_bytes(const kn_model *m) {
     return b;
 }
 
-kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err) {
+/* x += in . W^T (+ bias): fused where the backend has matmul_add, else
+ * through tmp. */
+static void matmul_residual(kn_backend *be, const float *in, int n, const kn_weight *w, const float *bias, float *x,
+                            float *tmp, int64_t n_x) {
+    if (be->vt->matmul_add) {
+        be->vt->matmul_add(be, in, n, w, bias, x);
+        return;
+    }
+    be->vt->matmul(be, in, n, w, bias, tmp);
+    be->vt->add(be, x, tmp, n_x);
+}
+
+/* Enqueue the whole forward of batch b (index arrays already uploaded);
+ * logits_host NULL leaves the (single) logits chunk on the backend. */
+static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) {
     const kn_model_config *c = &m->cfg;
     kn_backend *be = m->be;
     const int n = b->n_tokens, H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    const kn_backend_vtbl *op = be->vt;
+    const float eps = (float)c->rms_norm_eps;
+    op->embed(be, &m->embed, m->d_tokens, n, m->x);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kn_layer *L = &m->layers[l];
+        op->rms_norm(be, m->x, H, m->xn, H, n, 1, H, L->attn_norm, eps);
+        op->matmul(be, m->xn, n, &L->qkv, L->qkv_bias, m->qkv);
+        float *q = m->qkv, *k = m->qkv + m->q_dim, *v = k + m->kv_dim;
+        if (c->qk_norm) {
+            op->rms_norm(be, q, m->qkv_dim, q, m->qkv_dim, n, c->n_heads, hd, L->q_norm, eps);
+            op->rms_norm(be, k, m->qkv_dim, k, m->qkv_dim, n, c->n_kv_heads, hd, L->k_norm, eps);
+        }
+        op->rope(be, q, m->qkv_dim, n, c->n_heads, hd, m->d_pos, &m->rope);
+        op->rope(be, k, m->qkv_dim, n, c->n_kv_heads, hd, m->d_pos, &m->rope);
+        op->kv_write(be, &m->kv->layers[l], k, v, m->qkv_dim, n, m->d_slots);
+        kn_attention_args a = {
+            .q = q, .q_stride = m->qkv_dim, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
+            .scale = 1.0f / sqrtf((float)hd), .window = c->layer_sliding[l] ? c->sliding_window : 0,
+            .pos = m->d_pos, .seq = m->d_seq, .block_tables = m->d_bt, .max_blocks = m->max_blocks,
+            .kv = &m->kv->layers[l], .pos_host = b->pos, .seq_host = b->seq, .compute_dtype = L->qkv.dtype,
+        };
+        op->attention(be, &a);
+        matmul_residual(be, m->attn, n, &L->o, L->o_bias, m->x, m->tmp, (int64_t)n * H);
+        op->rms_norm(be, m->x, H, m->xn, H, n, 1, H, L->mlp_norm, eps);
+        op->matmul(be, m->xn, n, &L->gate_up, L->gate_up_bias, m->gu);
+        op->swiglu(be, m->gu, n, I, m->act);
+        matmul_residual(be, m->act, n, &L->down, L->down_bias, m->x, m->tmp, (int64_t)n * H);
+    }
+    /* logits for the requested rows, a few rows at a time */
+    for (int r0 = 0; r0 < b->n_logits; r0 += m->logits_rows) {
+        int nr = b->n_logits - r0 < m->logits_rows ? b->n_logits - r0 : m->logits_rows;
+        op->gather_rows(be, m->x, H, m->d_rows + r0, nr, m->xn);
+        op->rms_norm(be, m->xn, H, m->xn, H, nr, 1, H, m->final_norm, eps);
+        op->matmul(be, m->xn, nr, &m->lm_head, NULL, m->logits);
+        if (logits_host) /* eager: fetch each chunk; recorded: the caller fetches the single chunk */
+            kn_be_download(be, logits_host + (size_t)r0 * c->vocab_size, m->logits,
+                           (size_t)nr * c->vocab_size * sizeof(float));
+    }
+}
+
+kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    kn_backend *be = m->be;
+    const int n = b->n_tokens;
     if (n <= 0 || n > m->max_chunk || b->n_seqs > m->max_seqs)
         return kn_fail(err, KN_ERR_INVALID_ARG, "forward: batch of %d tokens / %d sequences exceeds %d / %d", n,
                        b->n_seqs, m->max_chunk, m->max_seqs);
@@ -357,45 +416,23 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     kn_be_upload(be, m->d_seq, b->seq, (size_t)n * 4);
     kn_be_upload(be, m->d_slots, slots, (size_t)n * 4);
 
+    if (b->n_logits > 0) kn_be_upload(be, m->d_rows, b->logit_rows, (size_t)b->n_logits * 4);
+
+    /* A decode-shaped batch (one token per sequence, logits in one chunk) is
+     * recorded once per shape and replayed where the backend supports it. */
     const kn_backend_vtbl *op = be->vt;
-    const float eps = (float)c->rms_norm_eps;
-    op->embed(be, &m->embed, m->d_tokens, n, m->x);
-    for (int l = 0; l < c->n_layers; l++) {
-        const kn_layer *L = &m->layers[l];
-        op->rms_norm(be, m->x, H, m->xn, H, n, 1, H, L->attn_norm, eps);
-        op->matmul(be, m->xn, n, &L->qkv, L->qkv_bias, m->qkv);
-        float *q = m->qkv, *k = m->qkv + m->q_dim, *v = k + m->kv_dim;
-        if (c->qk_norm) {
-            op->rms_norm(be, q, m->qkv_dim, q, m->qkv_dim, n, c->n_heads, hd, L->q_norm, eps);
-            op->rms_norm(be, k, m->qkv_dim, k, m->qkv_dim, n, c->n_kv_heads, hd, L->k_norm, eps);
-        }
-        op->rope(be, q, m->qkv_dim, n, c->n_heads, hd, m->d_pos, &m->rope);
-        op->rope(be, k, m->qkv_dim, n, c->n_kv_heads, hd, m->d_pos, &m->rope);
-        op->kv_write(be, &m->kv->layers[l], k, v, m->qkv_dim, n, m->d_slots);
-        kn_attention_args a = {
-            .q = q, .q_stride = m->qkv_dim, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
-            .scale = 1.0f / sqrtf((float)hd), .window = c->layer_sliding[l] ? c->sliding_window : 0,
-            .pos = m->d_pos, .seq = m->d_seq, .block_tables = m->d_bt, .max_blocks = m->max_blocks,
-            .kv = &m->kv->layers[l],
-        };
-        op->attention(be, &a);
-        op->matmul(be, m->attn, n, &L->o, L->o_bias, m->tmp);
-        op->add(be, m->x, m->tmp, (int64_t)n * H);
-        op->rms_norm(be, m->x, H, m->xn, H, n, 1, H, L->mlp_norm, eps);
-        op->matmul(be, m->xn, n, &L->gate_up, L->gate_up_bias, m->gu);
-        op->swiglu(be, m->gu, n, I, m->act);
-        op->matmul(be, m->act, n, &L->down, L->down_bias, m->tmp);
-        op->add(be, m->x, m->tmp, (int64_t)n * H);
+    uint64_t key = 0;
+    if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows)
+        key = ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) | 1u;
+    if (key && op->graph_replay(be, key)) {
+        kn_be_download(be, logits, m->logits, (size_t)b->n_logits * c->vocab_size * sizeof(float));
+        return KN_OK;
     }
-    /* logits for the requested rows, a few rows at a time */
-    for (int r0 = 0; r0 < b->n_logits; r0 += m->logits_rows) {
-        int nr = b->n_logits - r0 < m->logits_rows ? b->n_logits - r0 : m->logits_rows;
-        kn_be_upload(be, m->d_rows, b->logit_rows + r0, (size_t)nr * 4);
-        op->gather_rows(be, m->x, H, m->d_rows, nr, m->xn);
-        op->rms_norm(be, m->xn, H, m->xn, H, nr, 1, H, m->final_norm, eps);
-        op->matmul(be, m->xn, nr, &m->lm_head, NULL, m->logits);
-        kn_be_download(be, logits + (size_t)r0 * c->vocab_size, m->logits, (size_t)nr * c->vocab_size * sizeof(float));
-    }
+    int recording = key && op->graph_begin(be, key);
+    forward_compute(m, b, key ? NULL : logits);
+    if (recording && !op->graph_end(be, key)) forward_compute(m, b, NULL);
+    if (key && b->n_logits > 0)
+        kn_be_download(be, logits, m->logits, (size_t)b->n_logits * c->vocab_size * sizeof(float));
     kn_be_sync(be);
     return KN_OK;
 }

@@ -1,26 +1,25 @@
-/* cuda_backend.cu — the CUDA implementation of the op interface (backend.h).
+/* cuda_backend.cu — the CUDA implementation of the op interface (backend.h):
+ * memory, uploads, graph recording and the small fused kernels.
  *
- * Correct-first kernels: every op of the CPU backend, same layouts and the
- * same float32 accumulation, enqueued on one stream owned by the backend (no
- * host synchronization inside a forward; uploads/downloads of small index
- * arrays go through the same stream). Weights live in device memory in their
- * checkpoint dtype (F32/BF16/F16) and are widened to f32 in registers.
- *   matmul M <= 8 : one warp per output row, x rows in shared memory
- *   matmul M > 8  : 64x64 shared-memory tiles, 4x4 outputs per thread
- *   attention     : one block per (token, head) over the paged cache,
- *                   scores in shared memory, exact softmax
- * Faster paths (cuBLASLt GEMM, split-K flash-decode, CUDA graphs) build on
- * this interface without changing it. */
+ * Everything is enqueued on one stream owned by the backend; a forward has
+ * no host synchronization inside it. Small uploads (token ids, positions,
+ * block tables) go through pinned staging memory asynchronously. Weights live
+ * in device memory in their checkpoint dtype (F32/BF16/F16) and are widened
+ * to f32 in registers.
+ *   matmul M <= 8 : GEMV, one warp per output row, 16-byte weight loads
+ *   matmul M > 8  : cuBLAS tensor-core GEMM (cuda_gemm.cu); a tiled SIMT
+ *                   kernel remains as the fallback
+ *   attention     : flash-style paged GQA attention with split-K for decode
+ *                   (cuda_attention.cu)
+ *   graphs        : a decode step of a fixed batch shape is captured once
+ *                   and replayed (graph_* in the vtable). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
 
-typedef struct {
-    kn_backend base;
-    cudaStream_t stream;
-    int device;
-} cuda_backend;
+typedef kn_cuda_backend cuda_backend;
 
 static cuda_backend *cu(kn_backend *be) { return (cuda_backend *)be; }
 
@@ -31,6 +30,7 @@ void kn_cuda_check(cudaError_t e, const char *what) {
 #define load_w kn_cuda_load_w
 
 cudaStream_t kn_cuda_stream(kn_backend *be) { return cu(be)->stream; }
+int kn_cuda_sm_count(kn_backend *be) { return cu(be)->sm_count; }
 
 /* ---- memory ---------------------------------------------------------- */
 
@@ -40,19 +40,129 @@ static void *cu_alloc(kn_backend *be, size_t bytes) {
     return p;
 }
 static void cu_free(kn_backend *be, void *p) { cudaFree(p); }
+static void graphs_clear(cuda_backend *c);
+
+void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes) {
+    cuda_backend *c = cu(be);
+    if (bytes <= c->scratch_bytes[slot]) return c->scratch[slot];
+    if (c->capturing) {
+        fprintf(stderr, "kiln: cuda scratch growth during graph capture (a kiln bug)\n");
+        return NULL;
+    }
+    /* recorded graphs point at the old buffer */
+    check(cudaStreamSynchronize(c->stream), "scratch sync");
+    graphs_clear(c);
+    cudaFree(c->scratch[slot]);
+    c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
+    size_t want = bytes + bytes / 4;
+    if (cudaMalloc(&c->scratch[slot], want) != cudaSuccess) return NULL;
+    c->scratch_bytes[slot] = want;
+    return c->scratch[slot];
+}
+
+static void staging_rewind(cuda_backend *c) { c->staging_used = 0; }
+
 static void cu_upload(kn_backend *be, void *d, const void *s, size_t n) {
-    check(cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, cu(be)->stream), "upload");
+    cuda_backend *c = cu(be);
+    size_t need = (n + 255) & ~(size_t)255;
+    if (c->staging && need <= c->staging_bytes) {
+        if (c->staging_used + need > c->staging_bytes) {
+            check(cudaStreamSynchronize(c->stream), "staging sync");
+            staging_rewind(c);
+        }
+        char *st = c->staging + c->staging_used;
+        memcpy(st, s, n);
+        c->staging_used += need;
+        check(cudaMemcpyAsync(d, st, n, cudaMemcpyHostToDevice, c->stream), "upload");
+        return;
+    }
+    check(cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream), "upload");
     /* callers may reuse the host buffer at once: wait for the copy */
-    check(cudaStreamSynchronize(cu(be)->stream), "upload sync");
+    check(cudaStreamSynchronize(c->stream), "upload sync");
+    staging_rewind(c);
 }
 static void cu_download(kn_backend *be, void *d, const void *s, size_t n) {
     check(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToHost, cu(be)->stream), "download");
     check(cudaStreamSynchronize(cu(be)->stream), "download sync");
+    staging_rewind(cu(be));
 }
-static void cu_sync(kn_backend *be) { check(cudaStreamSynchronize(cu(be)->stream), "sync"); }
+static void cu_sync(kn_backend *be) {
+    check(cudaStreamSynchronize(cu(be)->stream), "sync");
+    staging_rewind(cu(be));
+}
 static void cu_destroy(kn_backend *be) {
-    cudaStreamDestroy(cu(be)->stream);
+    cuda_backend *c = cu(be);
+    cudaStreamSynchronize(c->stream);
+    graphs_clear(c);
+    kn_cuda_gemm_destroy(be);
+    for (int i = 0; i < KN_CUDA_SCRATCH_COUNT; i++) cudaFree(c->scratch[i]);
+    if (c->staging) cudaFreeHost(c->staging);
+    cudaStreamDestroy(c->stream);
     free(be);
+}
+
+/* ---- graphs: record a forward once per batch shape, replay it ---------- */
+
+static void graphs_clear(cuda_backend *c) {
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+}
+static int graph_find(cuda_backend *c, uint64_t key) {
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == key) return i;
+    return -1;
+}
+static int cu_graph_replay(kn_backend *be, uint64_t key) {
+    cuda_backend *c = cu(be);
+    int i = graph_find(c, key);
+    if (c->graphs_disabled || i < 0 || !c->graphs[i].exec) return 0;
+    if (cudaGraphLaunch(c->graphs[i].exec, c->stream) != cudaSuccess) {
+        fprintf(stderr, "kiln: cuda graph launch failed; running without graphs\n");
+        c->graphs_disabled = 1;
+        return 0;
+    }
+    return 1;
+}
+static int cu_graph_begin(kn_backend *be, uint64_t key) {
+    cuda_backend *c = cu(be);
+    if (c->graphs_disabled) return 0;
+    int i = graph_find(c, key);
+    if (i < 0) { /* first sight: run eagerly (sizes scratch, warms cuBLAS) */
+        if (c->n_graphs == KN_CUDA_MAX_GRAPHS) return 0;
+        c->graphs[c->n_graphs].key = key, c->graphs[c->n_graphs].exec = NULL;
+        c->n_graphs++;
+        return 0;
+    }
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        c->graphs_disabled = 1;
+        return 0;
+    }
+    c->capturing = 1;
+    return 1;
+}
+static int cu_graph_end(kn_backend *be, uint64_t key) {
+    cuda_backend *c = cu(be);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t exec = NULL;
+    c->capturing = 0;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+    if (g) cudaGraphDestroy(g);
+    int i = graph_find(c, key);
+    if (e != cudaSuccess || i < 0) {
+        fprintf(stderr, "kiln: cuda graph capture failed (%s); running without graphs\n", cudaGetErrorString(e));
+        cudaGetLastError(); /* clear the sticky-free error state of the capture */
+        if (exec) cudaGraphExecDestroy(exec);
+        c->graphs_disabled = 1;
+        return 0;
+    }
+    c->graphs[i].exec = exec;
+    if (cudaGraphLaunch(exec, c->stream) != cudaSuccess) {
+        c->graphs_disabled = 1;
+        return 0;
+    }
+    return 1;
 }
 
 static kn_code cu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_t cols, const void *host,
@@ -140,22 +250,46 @@ __device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
     }
 }
 
-template <int DT>
-__global__ void k_gemv(const float *x, int M, const void *w, int64_t N, int64_t K, const float *bias, float *out) {
+/* M is a template parameter so the accumulators stay in registers and the
+ * four 16-byte weight loads of an unrolled step are issued back to back. */
+template <int DT, int M>
+__global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const void *__restrict__ w, int64_t N,
+                                              int64_t K, const float *__restrict__ bias, float *__restrict__ out,
+                                              int accumulate) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
     if (n >= N) return;
-    float acc[GEMV_MAX_M];
-    for (int m = 0; m < GEMV_MAX_M; m++) acc[m] = 0.0f;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
     const int per = DT == KN_DT_F32 ? 4 : 8; /* elements per 16-byte load */
     const int64_t row = n * K;
-    int64_t k = 0;
     if (K % 8 == 0 && (((uintptr_t)x | (uintptr_t)w) & 15) == 0) {
-#pragma unroll 4 /* several 16-byte loads in flight per lane */
-        for (k = (int64_t)lane * per; k + per <= K; k += 32 * per) {
+        int64_t k = (int64_t)lane * per;
+        const int64_t step = 32 * per;
+        for (; k + 3 * step + per <= K; k += 4 * step) { /* 4 loads in flight per lane */
+            float f[4][8];
+#pragma unroll
+            for (int u = 0; u < 4; u++) load8w<DT>(w, row + k + u * step, f[u]);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    const float4 *xm = (const float4 *)(x + (int64_t)m * K + k + u * step);
+                    float4 a = __ldg(xm);
+                    float s = f[u][0] * a.x + f[u][1] * a.y + f[u][2] * a.z + f[u][3] * a.w;
+                    if (per == 8) {
+                        float4 b = __ldg(xm + 1);
+                        s += f[u][4] * b.x + f[u][5] * b.y + f[u][6] * b.z + f[u][7] * b.w;
+                    }
+                    acc[m] += s;
+                }
+        }
+        for (; k + per <= K; k += step) {
             float f[8];
             load8w<DT>(w, row + k, f);
-            for (int m = 0; m < M; m++) { /* x in 16-byte loads too: 1 load per 4 weights, not 4 */
+#pragma unroll
+            for (int m = 0; m < M; m++) {
                 const float4 *xm = (const float4 *)(x + (int64_t)m * K + k);
                 float4 a = __ldg(xm);
                 float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
@@ -167,16 +301,42 @@ __global__ void k_gemv(const float *x, int M, const void *w, int64_t N, int64_t 
             }
         }
     } else {
-        for (k = lane; k < K; k += 32) {
+        for (int64_t k = lane; k < K; k += 32) {
             float wv = load_w(w, row + k, DT);
+#pragma unroll
             for (int m = 0; m < M; m++) acc[m] += __ldg(x + (int64_t)m * K + k) * wv;
         }
     }
+#pragma unroll
     for (int m = 0; m < M; m++) {
         float v = acc[m];
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-        if (lane == 0) out[(int64_t)m * N + n] = v + (bias ? bias[n] : 0.0f);
+        if (lane == 0) {
+            float r = v + (bias ? bias[n] : 0.0f);
+            if (accumulate) out[(int64_t)m * N + n] += r;
+            else out[(int64_t)m * N + n] = r;
+        }
     }
+}
+
+template <int DT>
+static void gemv_dt(cudaStream_t s, const float *x, int M, const void *w, int64_t N, int64_t K, const float *bias,
+                    float *out, int accumulate) {
+    const int warps = 8;
+    unsigned blocks = (unsigned)((N + warps - 1) / warps);
+    switch (M) {
+#define GEMV_CASE(mm)                                                                                                  \
+    case mm: k_gemv<DT, mm><<<blocks, warps * 32, 0, s>>>(x, w, N, K, bias, out, accumulate); break;
+        GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+#undef GEMV_CASE
+    }
+}
+
+static void gemv(cudaStream_t s, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                 int accumulate) {
+    if (w->dtype == KN_DT_BF16) gemv_dt<KN_DT_BF16>(s, x, M, w->data, w->rows, w->cols, bias, out, accumulate);
+    else if (w->dtype == KN_DT_F16) gemv_dt<KN_DT_F16>(s, x, M, w->data, w->rows, w->cols, bias, out, accumulate);
+    else gemv_dt<KN_DT_F32>(s, x, M, w->data, w->rows, w->cols, bias, out, accumulate);
 }
 
 /* 64x64 tile of out, 16x16 threads, 4x4 per thread, k-step 16 */
@@ -184,7 +344,7 @@ __global__ void k_gemv(const float *x, int M, const void *w, int64_t N, int64_t 
 #define TN 64
 #define TK 16
 __global__ void k_gemm(const float *x, int M, const void *w, int dt, int64_t N, int64_t K, const float *bias,
-                       float *out) {
+                       float *out, int accumulate) {
     __shared__ float As[TK][TM + 1], Bs[TK][TN + 1];
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     int64_t m0 = (int64_t)blockIdx.y * TM, n0 = (int64_t)blockIdx.x * TN;
@@ -209,7 +369,7 @@ __global__ void k_gemm(const float *x, int M, const void *w, int dt, int64_t N, 
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) {
             int64_t gm = m0 + ty * 4 + i, gn = n0 + tx * 4 + j;
-            if (gm < M && gn < N) out[gm * N + gn] = acc[i][j] + (bias ? bias[gn] : 0.0f);
+            if (gm < M && gn < N) out[gm * N + gn] = acc[i][j] + (bias ? bias[gn] : 0.0f) + (accumulate ? out[gm * N + gn] : 0.0f);
         }
 }
 
@@ -233,43 +393,6 @@ __global__ void k_kv_write(float *kc, float *vc, const float *k, const float *v,
     for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
         kc[(int64_t)slots[t] * w + j] = k[t * stride + j];
         vc[(int64_t)slots[t] * w + j] = v[t * stride + j];
-    }
-}
-
-/* one block per (token, head); dynamic smem: scores[max positions] */
-__global__ void k_attention(kn_attention_args a, kn_kv_layer kv) {
-    extern __shared__ float sc[];
-    __shared__ float sh[32];
-    int t = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
-    int hd = kv.head_dim, bs = kv.block_size, kvh = h / (a.n_heads / kv.n_kv_heads);
-    int64_t slot_w = (int64_t)kv.n_kv_heads * hd;
-    const float *q = a.q + t * a.q_stride + (int64_t)h * hd;
-    const int32_t *bt = a.block_tables + (int64_t)a.seq[t] * a.max_blocks;
-    int p = a.pos[t], lo = (a.window > 0 && p - a.window + 1 > 0) ? p - a.window + 1 : 0, n = p - lo + 1;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        int pj = lo + j;
-        const float *kr = kv.k + ((int64_t)bt[pj / bs] * bs + pj % bs) * slot_w + (int64_t)kvh * hd;
-        float s = 0.0f;
-        for (int d = 0; d < hd; d++) s += q[d] * kr[d];
-        sc[j] = s * a.scale;
-    }
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, sc[j]);
-    mx = block_max(mx, sh);
-    float sum = 0.0f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) sum += (sc[j] = expf(sc[j] - mx));
-    __syncthreads();
-    sum = block_sum(sum, sh);
-    float inv = 1.0f / sum;
-    float *o = a.out + ((int64_t)t * a.n_heads + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = 0; j < n; j++) {
-            int pj = lo + j;
-            acc += sc[j] * kv.v[((int64_t)bt[pj / bs] * bs + pj % bs) * slot_w + (int64_t)kvh * hd + d];
-        }
-        o[d] = acc * inv;
     }
 }
 
@@ -355,20 +478,19 @@ static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, 
                         int dim, const float *w, float eps) {
     k_rms_norm<<<rows * groups, dim >= 256 ? 256 : 64, 0, S>>>(x, xs, out, os, groups, dim, w, eps);
 }
-static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
-    if (M <= GEMV_MAX_M) {
-        const int warps = 8;
-        unsigned blocks = (unsigned)((w->rows + warps - 1) / warps);
-        if (w->dtype == KN_DT_BF16)
-            k_gemv<KN_DT_BF16><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
-        else if (w->dtype == KN_DT_F16)
-            k_gemv<KN_DT_F16><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
-        else
-            k_gemv<KN_DT_F32><<<blocks, warps * 32, 0, S>>>(x, M, w->data, w->rows, w->cols, bias, out);
-    } else {
+static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                   int accumulate) {
+    if (M <= GEMV_MAX_M) gemv(S, x, M, w, bias, out, accumulate);
+    else if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out, accumulate)) {
         dim3 grid((unsigned)((w->rows + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
-        k_gemm<<<grid, 256, 0, S>>>(x, M, w->data, w->dtype, w->rows, w->cols, bias, out);
+        k_gemm<<<grid, 256, 0, S>>>(x, M, w->data, w->dtype, w->rows, w->cols, bias, out, accumulate);
     }
+}
+static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    matmul(be, x, M, w, bias, out, 0);
+}
+static void cu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    matmul(be, x, M, w, bias, out, 1);
 }
 static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
                     const int32_t *pos, const kn_rope_table *r) {
@@ -378,15 +500,7 @@ static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, c
                         int n_tokens, const int32_t *slots) {
     k_kv_write<<<n_tokens, 256, 0, S>>>(kv->k, kv->v, k, v, stride, (int64_t)kv->n_kv_heads * kv->head_dim, slots);
 }
-/* The score row lives in shared memory; 48 KiB by default, opted in up to
- * the device limit at creation. Longer contexts need the split-K kernel. */
-#define KN_CUDA_MAX_ATTN_POSITIONS (56 * 1024)
-static void cu_attention(kn_backend *be, const kn_attention_args *a) {
-    /* positions attended are bounded by the max position; the caller passes
-     * pos on the device, so size for the longest context this backend allows */
-    size_t smem = KN_CUDA_MAX_ATTN_POSITIONS * sizeof(float);
-    k_attention<<<a->n_tokens * a->n_heads, 128, smem, S>>>(*a, *a->kv);
-}
+static void cu_attention(kn_backend *be, const kn_attention_args *a) { kn_cuda_attention(be, a); }
 static void cu_swiglu(kn_backend *be, const float *gu, int rows, int dim, float *out) {
     int64_t n = (int64_t)rows * dim;
     k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(gu, n, dim, out);
@@ -434,9 +548,9 @@ static double cu_read_bandwidth(kn_backend *be) {
 
 static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
-    cu_embed, cu_rms_norm, cu_matmul, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
+    cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
     /* whisper */ kn_cuda_im2col_1d, kn_cuda_attention_dense,
-    cu_read_bandwidth,
+    cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end,
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {
@@ -449,13 +563,18 @@ extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_er
     if (!c) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     c->base.vt = &cuda_vtbl;
     c->base.n_threads = n_threads;
-    c->base.max_positions = KN_CUDA_MAX_ATTN_POSITIONS;
+    c->base.max_positions = 0; /* flash attention: any context length */
+    c->base.matmul_x_rounding_min_rows = GEMV_MAX_M + 1;
+    cudaGetDevice(&c->device);
+    cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device);
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
         free(c);
         return kn_fail(err, KN_ERR_BACKEND, "cuda backend: cannot create a stream");
     }
-    cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         KN_CUDA_MAX_ATTN_POSITIONS * (int)sizeof(float));
+    const char *prof = getenv("KILN_CUDA_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") != 0) c->base.vt = kn_cuda_profile_vtbl(&cuda_vtbl);
+    c->staging_bytes = 4u << 20;
+    if (cudaMallocHost((void **)&c->staging, c->staging_bytes) != cudaSuccess) c->staging = NULL, c->staging_bytes = 0;
     *out = &c->base;
     return KN_OK;
 }

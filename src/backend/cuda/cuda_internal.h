@@ -13,8 +13,55 @@ extern "C" {
 #include "backend/backend.h"
 }
 
+#define KN_CUDA_MAX_GRAPHS 64
+
+/* The CUDA backend's state (one device, one stream). */
+typedef struct {
+    kn_backend base;
+    cudaStream_t stream;
+    int device, sm_count;
+    /* pinned staging for uploads: small host->device copies are enqueued
+     * asynchronously from here; the offset rewinds at every synchronization,
+     * when no copy from it can still be pending */
+    char *staging;
+    size_t staging_bytes, staging_used;
+    void *scratch[3];
+    size_t scratch_bytes[3];
+    void *blas, *blas_workspace; /* cublasHandle_t, lazily created */
+    int blas_failed;
+    /* recorded forwards, by batch-shape key (see backend.h graph_*) */
+    struct {
+        uint64_t key;
+        cudaGraphExec_t exec; /* NULL: seen once, not recorded yet */
+    } graphs[KN_CUDA_MAX_GRAPHS];
+    int n_graphs, graphs_disabled, capturing;
+} kn_cuda_backend;
+
 /* The stream every op of this backend is enqueued on. */
 cudaStream_t kn_cuda_stream(kn_backend *be);
+
+/* Number of streaming multiprocessors of the backend's device. */
+int kn_cuda_sm_count(kn_backend *be);
+
+/* Backend-owned device scratch, one buffer per slot, grown on demand (never
+ * while a graph is being captured: the first, eager run of every batch shape
+ * sizes it). NULL when the device is out of memory. */
+enum { KN_CUDA_SCRATCH_ATTENTION = 0, KN_CUDA_SCRATCH_GEMM_X, KN_CUDA_SCRATCH_ATTN_GEMM, KN_CUDA_SCRATCH_COUNT };
+void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes);
+
+/* Op families implemented in their own files. */
+void kn_cuda_attention(kn_backend *be, const kn_attention_args *a);
+/* out[M,N] = x[M,K] . W^T (+ bias) through cuBLAS (tensor cores for
+ * bf16/f16 weights; x is rounded to the weight dtype; f32 weights use exact
+ * f32 GEMM); accumulate adds to out. Returns 0 when cuBLAS is unavailable so the caller falls back. */
+int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                        int accumulate);
+void kn_cuda_gemm_destroy(kn_backend *be);
+/* The backend's cuBLAS handle (a cublasHandle_t), created on first use; NULL if unavailable. */
+void *kn_cuda_blas(kn_backend *be);
+
+/* The vtable of KILN_CUDA_PROFILE=1 runs: real ops bracketed by events. */
+const kn_backend_vtbl *kn_cuda_profile_vtbl(const kn_backend_vtbl *real);
 
 /* Print a CUDA error (ops are infallible by contract; failures are reported). */
 void kn_cuda_check(cudaError_t e, const char *what);

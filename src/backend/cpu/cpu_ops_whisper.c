@@ -35,7 +35,9 @@ void kn_cpu_attention_dense(kn_backend *be, const kn_dense_attention_args *a) {
     /* K transposed per head, kt[h][d][j], so that a query's scores are a
      * sum over d of (q[d] x a contiguous row of keys): vectorises over j with
      * no horizontal reduction. */
-    float *kt = n_kv > 0 ? malloc(sizeof(float) * (size_t)n_kv * (size_t)H * (size_t)hd) : NULL;
+    /* worth it only when many queries share the transpose (encoder, prompt);
+     * a decode step reads the keys once, strided */
+    float *kt = n_kv > 0 && a->n_q >= 16 ? malloc(sizeof(float) * (size_t)n_kv * (size_t)H * (size_t)hd) : NULL;
     if (kt) {
 #pragma omp parallel for num_threads(be->n_threads) schedule(static)
         for (int j = 0; j < n_kv; j++) {
@@ -66,10 +68,11 @@ void kn_cpu_attention_dense(kn_backend *be, const kn_dense_attention_args *a) {
 #pragma omp simd
                     for (int j = 0; j < len; j++) score[j] += qd * row[j];
                 }
-            } else { /* no memory for the transpose: strided keys */
+            } else { /* few queries (or no memory for the transpose): strided keys */
                 for (int j = 0; j < len; j++) {
                     const float *kr = a->k + (int64_t)j * a->k_stride + (int64_t)h * hd;
                     float s = 0;
+#pragma omp simd reduction(+ : s)
                     for (int d = 0; d < hd; d++) s += q[d] * kr[d];
                     score[j] = s;
                 }

@@ -60,6 +60,15 @@ expect_error "transcribe or translate" "$KILN" transcribe "$JFK" --model "$W" --
 expect_error "not in this model" "$KILN" transcribe "$JFK" --model "$W" --language xx --format tokens
 expect_error "not a readable audio file" "$KILN" transcribe "$TMP/junk.wav" --model "$W" --format tokens
 expect_error "use text, json" "$KILN" transcribe "$JFK" --model "$W" --format docx
+# checkpoints that do not match their config, or are truncated
+mkdir -p "$TMP/bad"
+cp "$W"/*.json "$TMP/bad/"
+sed 's/"d_model": 64/"d_model": 32/' "$W/config.json" >"$TMP/bad/config.json"
+cp "$W/model.safetensors" "$TMP/bad/"
+expect_error "expected \[32, 80, 3\]" "$KILN" transcribe "$JFK" --model "$TMP/bad" --format tokens
+cp "$W/config.json" "$TMP/bad/config.json"
+head -c 100000 "$W/model.safetensors" >"$TMP/bad/model.safetensors"
+expect_error "safetensors" "$KILN" transcribe "$JFK" --model "$TMP/bad" --format tokens
 
 if [ "$fails" -ne 0 ]; then echo "test_cli_whisper: $fails failure(s)" >&2; exit 1; fi
 echo "test_cli_whisper: all checks passed"

@@ -218,8 +218,13 @@ static const kn_st_tensor *tensor(kn_whisper *w, const char *name, int ndim, con
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
-        *rc = kn_fail(err, KN_ERR_FORMAT, "tensor %s has an unexpected shape for config.json (%d dims, first %lld)",
-                      name, t->ndim, (long long)(t->ndim ? t->shape[0] : 0));
+        char got[96] = "", want[96] = "";
+        size_t g = 0, w_ = 0;
+        for (int i = 0; i < t->ndim && i < 4; i++)
+            g += (size_t)snprintf(got + g, sizeof got - g, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        for (int i = 0; i < ndim; i++)
+            w_ += (size_t)snprintf(want + w_, sizeof want - w_, "%s%lld", i ? ", " : "", (long long)shape[i]);
+        *rc = kn_fail(err, KN_ERR_FORMAT, "tensor %s has shape [%s], expected [%s] from config.json", name, got, want);
         return NULL;
     }
     return t;

@@ -20,8 +20,12 @@
 #include "engine/transcribe.h"
 #include "io/npy.h"
 #include "models/whisper.h"
+#include "audio/audio.h"
 #include "test_util.h"
 #include "whisper_synth.h"
+#ifdef KILN_HAVE_TOKENIZER
+#include "tokenizer/tokenizer.h"
+#endif
 
 static const char *backend_name;
 
@@ -275,6 +279,50 @@ static void test_oracle_decode(oracle *o, kn_whisper *w) {
     printf("decode cases identical to transformers: %d\n", n_checked);
 }
 
+#ifdef KILN_HAVE_TOKENIZER
+static kn_code detok(void *user, const int32_t *ids, int n, char **text, kn_error *err) {
+    size_t len;
+    return kn_tokenizer_decode(user, ids, n, 1, text, &len, err);
+}
+
+/* kn_transcribe end to end (audio -> kiln mel -> decode -> text) equals
+ * transformers' greedy text for the no-timestamps case. */
+static void test_oracle_text(oracle *o, kn_whisper *w) {
+    kn_tokenizer *tk = NULL;
+    kn_error err = {0};
+    CHECK(kn_tokenizer_load(o->dir, &tk, &err) == KN_OK, "tokenizer: %s", err.msg);
+    if (!tk) return;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/audio/jfk.wav", kn_test_fixtures());
+    float *pcm = NULL;
+    int64_t n = 0;
+    CHECK(kn_audio_load_file(path, 0, &pcm, &n, &err) == KN_OK, "jfk.wav: %s", err.msg);
+    json_t *cs = NULL, *c;
+    size_t i;
+    json_array_foreach(json_object_get(o->ref, "cases"), i, c) if (!strcmp(json_string_value(json_object_get(c, "name")),
+                                                                           "greedy_en_notimestamps")) cs = c;
+    if (pcm && cs) {
+        kn_decode_options opt;
+        kn_decode_options_default(&opt);
+        opt.language = "en";
+        opt.timestamps = 0;
+        opt.n_temperatures = 1;
+        opt.no_speech_threshold = NAN;
+        opt.max_new_tokens = (int)json_integer_value(json_object_get(cs, "max_new_tokens"));
+        opt.detok = detok;
+        opt.detok_user = tk;
+        kn_transcript t;
+        kn_code rc = kn_transcribe(w, pcm, n, &opt, &t, &err);
+        CHECK(rc == KN_OK, "transcribe: %s", err.msg);
+        const char *want = json_string_value(json_object_get(cs, "text"));
+        if (!rc) CHECK(want && t.text && !strcmp(t.text, want), "transcript text '%s', transformers '%s'", t.text, want);
+        if (!rc) kn_transcript_free(&t);
+    }
+    free(pcm);
+    kn_tokenizer_free(tk);
+}
+#endif
+
 static void test_oracle(void) {
     oracle o = {0};
     if (oracle_load(&o)) return;
@@ -288,6 +336,9 @@ static void test_oracle(void) {
         CHECK(rc == KN_OK, "encode: %s", err.msg);
         if (!rc) test_oracle_logits(&o, w);
         test_oracle_decode(&o, w);
+#ifdef KILN_HAVE_TOKENIZER
+        test_oracle_text(&o, w);
+#endif
         kn_whisper_close(w);
     }
     free(o.mel);

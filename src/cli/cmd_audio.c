@@ -73,6 +73,7 @@ static kn_code detok_text(void *user, const int32_t *ids, int n, char **text, kn
 
 int kn_cmd_transcribe(int argc, char **argv) {
     const char *audio = NULL, *model = NULL, *format = "text", *backend = NULL, *task = "transcribe";
+    const char *prompt_text = NULL;
     long n_threads = 0, beam = 1, max_new = 0;
     double temperature = -1;
     int no_fallback = 0, no_timestamps = 0;
@@ -87,6 +88,7 @@ int kn_cmd_transcribe(int argc, char **argv) {
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--language")) o.language = v;
         else if (!strcmp(a, "--task")) task = v;
+        else if (!strcmp(a, "--prompt") || !strcmp(a, "--initial-prompt")) prompt_text = v;
         else if (!strcmp(a, "--format") || !strcmp(a, "--response-format")) format = v;
         else if (!strcmp(a, "--backend")) backend = v;
         else if (!strcmp(a, "--threads")) rc = kn_parse_int(a, v, 0, 4096, &n_threads, &err);
@@ -138,7 +140,24 @@ int kn_cmd_transcribe(int argc, char **argv) {
         o.detok = detok_text;
         o.detok_user = tk;
     }
+    int32_t *prompt_ids = NULL;
+    if (!rc && prompt_text) {
+        /* as openai-whisper: " " + the prompt, without special tokens */
+        size_t pl = strlen(prompt_text);
+        char *spaced = malloc(pl + 2);
+        int n_prompt = 0;
+        if (!spaced) rc = kn_fail(&err, KN_ERR_NOMEM, "out of memory");
+        else {
+            spaced[0] = ' ';
+            memcpy(spaced + 1, prompt_text, pl + 1);
+            rc = kn_tokenizer_encode(tok, spaced, pl + 1, 0, &prompt_ids, &n_prompt, &err);
+            free(spaced);
+        }
+        o.initial_prompt = prompt_ids;
+        o.n_initial_prompt = n_prompt;
+    }
 #else
+    if (!rc && prompt_text) rc = kn_fail(&err, KN_ERR_UNSUPPORTED, "--prompt needs the tokenizer, which this build lacks");
     if (!rc && strcmp(format, "tokens"))
         rc = kn_fail(&err, KN_ERR_UNSUPPORTED, "text output needs the tokenizer, which this build lacks; use --format tokens");
 #endif
@@ -159,6 +178,7 @@ int kn_cmd_transcribe(int argc, char **argv) {
                 t.duration, t.n_windows, t.n_decoded_tokens, t.mel_seconds, t.decode_seconds, kn_whisper_describe(w));
 #ifdef KILN_HAVE_TOKENIZER
     kn_tokenizer_free(tok);
+    free(prompt_ids);
 #else
     (void)tok;
 #endif

@@ -15,7 +15,7 @@ static const char usage[] =
     "        generate; with --ids the generated ids are printed to stdout, space-separated\n"
     "  logits MODEL --ids 1,2,3 [--mel FILE.npy] --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
     "  mel AUDIO [--n-mels 80|128] --out FILE.npy   Whisper log-mel of the first 30 s, float32 [n_mels, 3000]\n"
-    "  transcribe AUDIO --model WHISPER [--language L] [--task transcribe|translate] [--beam-size N]\n"
+    "  transcribe AUDIO --model WHISPER [--language L] [--task transcribe|translate] [--beam-size N] [--prompt TEXT]\n"
     "        [--format text|json|verbose_json|srt|vtt|tokens] [--no-timestamps] [--temperature T] [--no-fallback]\n"
     "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--json]\n"
     "\n"

@@ -503,11 +503,20 @@ const char *kn_whisper_describe(const kn_whisper *w) { return w->desc; }
 
 /* ---- forward ------------------------------------------------------------------ */
 
+/* x += in . W^T + b (the residual add fused where the backend has it) */
+static void matmul_residual(kn_whisper *w, const float *in, int rows, const kn_weight *W, const float *b) {
+    kn_backend *be = w->be;
+    if (be->vt->matmul_add) {
+        be->vt->matmul_add(be, in, rows, W, b, w->x);
+    } else {
+        be->vt->matmul(be, in, rows, W, b, w->xn);
+        be->vt->add(be, w->x, w->xn, (int64_t)rows * w->d);
+    }
+}
+
 /* x += out_proj(attn) ; the attention output is in w->attn */
 static void residual_out(kn_whisper *w, const kn_weight *o, const float *ob, int rows) {
-    kn_backend *be = w->be;
-    be->vt->matmul(be, w->attn, rows, o, ob, w->xn);
-    be->vt->add(be, w->x, w->xn, (int64_t)rows * w->d);
+    matmul_residual(w, w->attn, rows, o, ob);
 }
 
 /* x += fc2(gelu(fc1(norm(x)))) */
@@ -516,8 +525,7 @@ static void mlp(kn_whisper *w, const wlayer *L, const float *ln_w, const float *
     be->vt->layer_norm(be, w->x, w->d, w->xn, w->d, rows, w->d, ln_w, ln_b, 1e-5f);
     be->vt->matmul(be, w->xn, rows, &L->fc1, L->fc1_b, w->ffn);
     be->vt->gelu(be, w->ffn, (int64_t)rows * ffn, w->ffn, w->cfg.gelu_approx);
-    be->vt->matmul(be, w->ffn, rows, &L->fc2, L->fc2_b, w->xn);
-    be->vt->add(be, w->x, w->xn, (int64_t)rows * w->d);
+    matmul_residual(w, w->ffn, rows, &L->fc2, L->fc2_b);
 }
 
 kn_code kn_whisper_encode(kn_whisper *w, const float *mel, kn_error *err) {

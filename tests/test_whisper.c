@@ -323,6 +323,49 @@ static void test_oracle_text(oracle *o, kn_whisper *w) {
 }
 #endif
 
+/* streaming: on_segment sees every segment in order; non-zero stops */
+static int count_segments(void *user, const kn_segment *s) {
+    int *c = user;
+    if (s->id != c[0]) c[2] = 1; /* out of order */
+    c[0]++;
+    return c[1] > 0 && c[0] >= c[1];
+}
+
+static void test_segment_callback(kn_whisper *w) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/audio/jfk.wav", kn_test_fixtures());
+    float *pcm = NULL;
+    int64_t n = 0;
+    kn_error err = {0};
+    if (kn_audio_load_file(path, 0, &pcm, &n, &err)) {
+        CHECK(0, "jfk.wav: %s", err.msg);
+        return;
+    }
+    kn_decode_options opt;
+    kn_decode_options_default(&opt);
+    opt.language = "en";
+    opt.n_temperatures = 1;
+    opt.no_speech_threshold = NAN;
+    opt.max_new_tokens = 24;
+    int c[3] = {0, 0, 0};
+    opt.on_segment = count_segments;
+    opt.on_segment_user = c;
+    kn_transcript t;
+    kn_code rc = kn_transcribe(w, pcm, n, &opt, &t, &err);
+    CHECK(rc == KN_OK && t.n_segments >= 2 && c[0] == t.n_segments && !c[2], "segment callbacks %d of %d segments: %s",
+          c[0], rc ? -1 : t.n_segments, err.msg);
+    for (int i = 0; !rc && i < t.n_segments; i++)
+        CHECK(t.segments[i].start <= t.segments[i].end && t.segments[i].end <= t.duration + 1e-9 &&
+                  (i == 0 || t.segments[i].start >= t.segments[i - 1].start),
+              "segment %d times %g..%g", i, t.segments[i].start, t.segments[i].end);
+    if (!rc) kn_transcript_free(&t);
+    c[0] = 0, c[1] = 1;
+    rc = kn_transcribe(w, pcm, n, &opt, &t, &err);
+    CHECK(rc == KN_OK && t.n_segments == 1 && c[0] == 1, "stop after the first segment: %d segments", rc ? -1 : t.n_segments);
+    if (!rc) kn_transcript_free(&t);
+    free(pcm);
+}
+
 static void test_oracle(void) {
     oracle o = {0};
     if (oracle_load(&o)) return;
@@ -336,6 +379,7 @@ static void test_oracle(void) {
         CHECK(rc == KN_OK, "encode: %s", err.msg);
         if (!rc) test_oracle_logits(&o, w);
         test_oracle_decode(&o, w);
+        test_segment_callback(w);
 #ifdef KILN_HAVE_TOKENIZER
         test_oracle_text(&o, w);
 #endif

@@ -28,6 +28,8 @@ typedef kn_code (*kn_detok_fn)(void *user, const int32_t *ids, int n_ids, char *
 
 #define KN_MAX_TEMPERATURES 16
 
+struct kn_segment;
+
 typedef struct {
     const char *language; /* "en", ...; NULL = detect from the first window */
     kn_whisper_task task;
@@ -47,6 +49,11 @@ typedef struct {
     uint64_t seed;                      /* sampling at temperature > 0 */
     kn_detok_fn detok;                  /* NULL: segments carry tokens only */
     void *detok_user;
+    /* called with each finished segment as it is produced (streaming, SSE);
+     * return non-zero to stop transcribing (kn_transcribe then returns
+     * KN_OK with the segments up to and including that one). May be NULL. */
+    int (*on_segment)(void *user, const struct kn_segment *segment);
+    void *on_segment_user;
 } kn_decode_options;
 
 /* openai-whisper's defaults: greedy, timestamps on, ladder 0,0.2,..,1.0,
@@ -73,7 +80,7 @@ void kn_decode_result_free(kn_decode_result *r);
 kn_code kn_whisper_decode_window(kn_whisper *w, const float *mel, const int32_t *prev, int n_prev,
                                  const kn_decode_options *o, float temperature, kn_decode_result *r, kn_error *err);
 
-typedef struct {
+typedef struct kn_segment {
     int id;
     int64_t seek;           /* first mel frame of the window */
     double start, end;      /* seconds */

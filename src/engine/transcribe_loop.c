@@ -230,6 +230,17 @@ kn_code kn_transcribe(kn_whisper *w, const float *pcm, int64_t n_samples, const 
         if (!o.condition_on_previous_text || r.temperature > 0.5f) prompt_reset_since = all.n;
         kn_decode_result_free(&r);
         if (rc) goto done;
+        int stop = 0;
+        for (int s = first_new_segment; o.on_segment && !stop && s < out->n_segments; s++)
+            if ((stop = o.on_segment(o.on_segment_user, &out->segments[s]))) {
+                /* the transcript ends with the segment the caller stopped at */
+                for (int k = s + 1; k < out->n_segments; k++) {
+                    free(out->segments[k].tokens);
+                    free(out->segments[k].text);
+                }
+                out->n_segments = s + 1;
+            }
+        if (stop) break;
     }
     if (o.detok) {
         size_t len = 0;

@@ -23,9 +23,7 @@
 #include "audio/audio.h"
 #include "test_util.h"
 #include "whisper_synth.h"
-#ifdef KILN_HAVE_TOKENIZER
 #include "tokenizer/tokenizer.h"
-#endif
 
 static const char *backend_name;
 
@@ -279,7 +277,6 @@ static void test_oracle_decode(oracle *o, kn_whisper *w) {
     printf("decode cases identical to transformers: %d\n", n_checked);
 }
 
-#ifdef KILN_HAVE_TOKENIZER
 static kn_code detok(void *user, const int32_t *ids, int n, char **text, kn_error *err) {
     size_t len;
     return kn_tokenizer_decode(user, ids, n, 1, text, &len, err);
@@ -321,7 +318,6 @@ static void test_oracle_text(oracle *o, kn_whisper *w) {
     free(pcm);
     kn_tokenizer_free(tk);
 }
-#endif
 
 /* streaming: on_segment sees every segment in order; non-zero stops */
 static int count_segments(void *user, const kn_segment *s) {
@@ -380,9 +376,7 @@ static void test_oracle(void) {
         if (!rc) test_oracle_logits(&o, w);
         test_oracle_decode(&o, w);
         test_segment_callback(w);
-#ifdef KILN_HAVE_TOKENIZER
         test_oracle_text(&o, w);
-#endif
         kn_whisper_close(w);
     }
     free(o.mel);

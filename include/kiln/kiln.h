@@ -52,6 +52,9 @@ void kn_model_close(kn_model *m);
 int kn_model_vocab_size(const kn_model *m);
 /* Human-readable one-line description (architecture, sizes, dtype). */
 const char *kn_model_describe(const kn_model *m);
+/* What of the checkpoint is not used (e.g. the vision tower of a multimodal
+ * checkpoint whose language model runs); "" when everything is used. */
+const char *kn_model_notes(const kn_model *m);
 
 /* Teacher-forced logits: out receives n_ids * vocab floats, row i is the
  * distribution after ids[0..i]. */

@@ -10,6 +10,12 @@ int kn_cmd_logits(int argc, char **argv);
 int kn_cmd_bench(int argc, char **argv);
 int kn_cmd_mel(int argc, char **argv);
 int kn_cmd_transcribe(int argc, char **argv);
+int kn_cmd_tokenize(int argc, char **argv);
+int kn_cmd_detokenize(int argc, char **argv);
+int kn_cmd_template(int argc, char **argv);
+
+/* `kiln run` with text (-p PROMPT / --chat) on an opened model; exit code. */
+int kn_run_text(kn_model *m, const char *dir, const char *prompt, int chat, const kn_sampling *s);
 
 /* Print "kiln: <message>" and return 1. */
 int kn_cli_error(const kn_error *err);

@@ -63,13 +63,11 @@ int kn_cmd_mel(int argc, char **argv) {
 
 /* ---- kiln transcribe ------------------------------------------------------- */
 
-#ifdef KILN_HAVE_TOKENIZER
 #include "tokenizer/tokenizer.h"
 static kn_code detok_text(void *user, const int32_t *ids, int n, char **text, kn_error *err) {
     size_t len;
     return kn_tokenizer_decode(user, ids, n, 1, text, &len, err);
 }
-#endif
 
 int kn_cmd_transcribe(int argc, char **argv) {
     const char *audio = NULL, *model = NULL, *format = "text", *backend = NULL, *task = "transcribe";
@@ -126,19 +124,16 @@ int kn_cmd_transcribe(int argc, char **argv) {
     kn_whisper *w = NULL;
     kn_transcript t = {0};
     char *text = NULL;
-    void *tok = NULL;
+    kn_tokenizer *tok = NULL;
     kn_code rc = kn_audio_load_file(audio, 0, &pcm, &n, &err);
     kn_whisper_options wo = {.backend = backend, .n_threads = (int)n_threads, .max_slots = (int)beam};
     if (!rc && !kn_whisper_is_whisper_dir(dir))
         rc = kn_fail(&err, KN_ERR_UNSUPPORTED, "%s is not a whisper model (config.json model_type)", model);
     if (!rc) rc = kn_whisper_open(dir, &wo, &w, &err);
-#ifdef KILN_HAVE_TOKENIZER
+    if (!rc && (strcmp(format, "tokens") || prompt_text)) rc = kn_tokenizer_load(dir, &tok, &err);
     if (!rc && strcmp(format, "tokens")) {
-        kn_tokenizer *tk = NULL;
-        rc = kn_tokenizer_load(dir, &tk, &err);
-        tok = tk;
         o.detok = detok_text;
-        o.detok_user = tk;
+        o.detok_user = tok;
     }
     int32_t *prompt_ids = NULL;
     if (!rc && prompt_text) {
@@ -156,11 +151,6 @@ int kn_cmd_transcribe(int argc, char **argv) {
         o.initial_prompt = prompt_ids;
         o.n_initial_prompt = n_prompt;
     }
-#else
-    if (!rc && prompt_text) rc = kn_fail(&err, KN_ERR_UNSUPPORTED, "--prompt needs the tokenizer, which this build lacks");
-    if (!rc && strcmp(format, "tokens"))
-        rc = kn_fail(&err, KN_ERR_UNSUPPORTED, "text output needs the tokenizer, which this build lacks; use --format tokens");
-#endif
     if (!rc) rc = kn_transcribe(w, pcm, n, &o, &t, &err);
     if (!rc && !strcmp(format, "tokens")) {
         /* one line per segment: start end ids... */
@@ -176,12 +166,8 @@ int kn_cmd_transcribe(int argc, char **argv) {
     if (!rc)
         fprintf(stderr, "kiln: %s: %.1f s of audio, %d window(s), %d tokens; mel %.3f s, decode %.3f s (%s)\n", audio,
                 t.duration, t.n_windows, t.n_decoded_tokens, t.mel_seconds, t.decode_seconds, kn_whisper_describe(w));
-#ifdef KILN_HAVE_TOKENIZER
     kn_tokenizer_free(tok);
     free(prompt_ids);
-#else
-    (void)tok;
-#endif
     free(text);
     kn_transcript_free(&t);
     kn_whisper_close(w);

@@ -18,18 +18,25 @@ static int print_token(int32_t tok, void *user) {
     return 0;
 }
 
-static kn_code open_model(const char *arg, const kn_cli_common *c, kn_model **m, kn_error *err) {
-    char dir[4096];
-    kn_code rc = kn_resolve_model_path(arg, dir, sizeof dir, err);
+static kn_code open_model_dir(const char *arg, const kn_cli_common *c, kn_model **m, char *dir, size_t dir_len,
+                              kn_error *err) {
+    kn_code rc = kn_resolve_model_path(arg, dir, dir_len, err);
     if (rc) return rc;
     kn_model_options o = {.backend = c->backend, .n_threads = c->n_threads};
-    return kn_model_open(dir, &o, m, err);
+    rc = kn_model_open(dir, &o, m, err);
+    if (!rc && kn_model_notes(*m)[0]) fprintf(stderr, "kiln: note: %s\n", kn_model_notes(*m));
+    return rc;
+}
+
+static kn_code open_model(const char *arg, const kn_cli_common *c, kn_model **m, kn_error *err) {
+    char dir[4096];
+    return open_model_dir(arg, c, m, dir, sizeof dir, err);
 }
 
 int kn_cmd_run(int argc, char **argv) {
     kn_cli_common common = {0};
-    const char *model = NULL, *ids_arg = NULL;
-    int have_temp = 0, have_tk = 0, have_tp = 0, have_mp = 0, ignore_eos = 0;
+    const char *model = NULL, *ids_arg = NULL, *prompt = NULL;
+    int have_temp = 0, have_tk = 0, have_tp = 0, have_mp = 0, ignore_eos = 0, chat = 0;
     long n = 32, top_k = 0;
     double temp = 0, top_p = 1, min_p = 0;
     uint64_t seed = 0;
@@ -50,8 +57,8 @@ int kn_cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--min-p")) rc = kn_parse_float(a, v, 0, 1, &min_p, &err), have_mp = 1;
         else if (!strcmp(a, "--seed")) rc = kn_parse_u64(a, v, &seed, &err);
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1, takes = 0;
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt") || !strcmp(a, "--chat"))
-            return kn_cli_usage_error("%s needs the tokenizer, which this build does not have yet; use --ids", a);
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--chat")) chat = 1, takes = 0;
         else if (a[0] == '-') return kn_cli_usage_error("run: unknown option %s", a);
         else if (!model) model = a, takes = 0;
         else return kn_cli_usage_error("run: unexpected argument \"%s\"", a);
@@ -60,12 +67,14 @@ int kn_cmd_run(int argc, char **argv) {
         i += takes;
     }
     if (!model) return kn_cli_usage_error("run: missing MODEL");
-    if (!ids_arg) return kn_cli_usage_error("run: give the prompt as --ids 1,2,3");
-    int32_t *ids;
-    int n_ids;
-    if (kn_parse_ids(ids_arg, &ids, &n_ids, &err)) return kn_cli_error(&err);
+    if (ids_arg && (prompt || chat)) return kn_cli_usage_error("run: give either --ids or text (-p / --chat), not both");
+    if (!ids_arg && !prompt && !chat) return kn_cli_usage_error("run: give a prompt: -p TEXT, --chat, or --ids 1,2,3");
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (ids_arg && kn_parse_ids(ids_arg, &ids, &n_ids, &err)) return kn_cli_error(&err);
     kn_model *m;
-    if (open_model(model, &common, &m, &err)) {
+    char dir[4096];
+    if (open_model_dir(model, &common, &m, dir, sizeof dir, &err)) {
         free(ids);
         return kn_cli_error(&err);
     }
@@ -77,6 +86,11 @@ int kn_cmd_run(int argc, char **argv) {
     if (have_tk) s.top_k = (int)top_k;
     if (have_tp) s.top_p = (float)top_p;
     if (have_mp) s.min_p = (float)min_p;
+    if (!ids_arg) {
+        int code = kn_run_text(m, dir, prompt, chat, &s);
+        kn_model_close(m);
+        return code;
+    }
     int count = 0;
     kn_generate_stats st = {0};
     kn_code rc = n > 0 ? kn_generate(m, ids, n_ids, &s, print_token, &count, &st, &err) : KN_OK;

@@ -19,6 +19,14 @@
 
 #include "backend/cuda/cuda_internal.h"
 
+/* cuda_ops_models.cu */
+extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap);
+extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s);
+extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
+extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
+                                  int32_t *idx, float *w);
+extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
+
 typedef kn_cuda_backend cuda_backend;
 
 static cuda_backend *cu(kn_backend *be) { return (cuda_backend *)be; }
@@ -129,7 +137,12 @@ static int cu_graph_begin(kn_backend *be, uint64_t key) {
     if (c->graphs_disabled) return 0;
     int i = graph_find(c, key);
     if (i < 0) { /* first sight: run eagerly (sizes scratch, warms cuBLAS) */
-        if (c->n_graphs == KN_CUDA_MAX_GRAPHS) return 0;
+        if (c->n_graphs == KN_CUDA_MAX_GRAPHS) { /* full: forget the oldest shape */
+            check(cudaStreamSynchronize(c->stream), "graph evict sync");
+            if (c->graphs[0].exec) cudaGraphExecDestroy(c->graphs[0].exec);
+            memmove(&c->graphs[0], &c->graphs[1], sizeof c->graphs[0] * (KN_CUDA_MAX_GRAPHS - 1));
+            c->n_graphs--;
+        }
         c->graphs[c->n_graphs].key = key, c->graphs[c->n_graphs].exec = NULL;
         c->n_graphs++;
         return 0;
@@ -458,6 +471,29 @@ __global__ void k_softmax(float *x, int dim) {
     for (int j = threadIdx.x; j < dim; j += blockDim.x) v[j] = expf(v[j] - mx) / s;
 }
 
+/* one block per row: (value, index) max with the lowest index on ties */
+__global__ void k_argmax(const float *x, int dim, int32_t *out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *v = x + (int64_t)blockIdx.x * dim;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        if (v[j] > bv) bv = v[j], bi = j; /* strided: first max per thread */
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = bv, si[threadIdx.x >> 5] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) bv = sv[w], bi = si[w];
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
 __global__ void k_read(const float4 *p, size_t n, float *sink) {
     float acc = 0.0f;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -523,6 +559,9 @@ static void cu_gather(kn_backend *be, const float *x, int64_t dim, const int32_t
     k_gather<<<n, 256, 0, S>>>(x, dim, rows, out);
 }
 static void cu_softmax(kn_backend *be, float *x, int rows, int dim) { k_softmax<<<rows, 256, 0, S>>>(x, dim); }
+static void cu_argmax_rows(kn_backend *be, const float *x, int rows, int dim, int32_t *out) {
+    k_argmax<<<rows, 1024, 0, S>>>(x, dim, out);
+}
 
 static double cu_read_bandwidth(kn_backend *be) {
     size_t bytes = (size_t)2 << 30;
@@ -548,9 +587,10 @@ static double cu_read_bandwidth(kn_backend *be) {
 
 static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
-    cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
+    cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax, cu_argmax_rows,
     /* whisper */ kn_cuda_im2col_1d, kn_cuda_attention_dense,
     cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end,
+    kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

@@ -156,8 +156,8 @@ kn_code kn_transcribe(kn_whisper *w, const float *pcm, int64_t n_samples, const 
         for (int j = 0; j < n_mels; j++)
             for (int64_t f = 0; f < win; f++)
                 window[(size_t)j * win + f] = f < seg_frames ? mel[(size_t)j * total_frames + seek + f] : 0.0f;
-        const int32_t *prev = o.condition_on_previous_text || prompt_reset_since == 0 ? all.v + prompt_reset_since : NULL;
         int n_prev = all.n - prompt_reset_since;
+        const int32_t *prev = n_prev > 0 ? all.v + prompt_reset_since : NULL;
         kn_decode_result r;
         double t1 = now_s();
         rc = decode_with_fallback(w, window, prev, n_prev, &o, &r, err);

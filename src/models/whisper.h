@@ -60,7 +60,8 @@ const char *kn_whisper_describe(const kn_whisper *w);
 
 /* Run the encoder on mel (host, [n_mels, 2 * max_source_positions], i.e.
  * [n_mels, 3000]) and compute every decoder layer's cross-attention K/V.
- * Resets the self-attention cache. */
+ * Self-attention caches of the previous window are stale afterwards: the
+ * next decode starts at position 0. */
 kn_code kn_whisper_encode(kn_whisper *w, const float *mel, kn_error *err);
 
 /* Copy the encoder output of the last encode into out (host,

@@ -6,11 +6,13 @@ BUILD_ASAN ?= build-asan
 BUILD_FUZZ ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+FUZZ_AUDIO_SECONDS ?= 20
 FUZZ_TEMPLATE_SECONDS ?= 20
 FUZZ_SERVER_SECONDS ?= 20
 SERVER_FUZZ_MODEL ?= tests/fixtures/server_chat
 
-APT_BUILD = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev libmicrohttpd-dev
+APT_BUILD = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev \
+            libmicrohttpd-dev libsndfile1-dev libsoxr-dev libkissfft-dev zlib1g-dev
 APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -70,7 +72,7 @@ test-asan: deps-test npm-deps
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=2 ctest --output-on-failure -j 1
 
-# libFuzzer over the safetensors header parser, bounded time, seed corpus
+# libFuzzer over the safetensors header parser and the audio decoder, bounded time, seed corpus
 # copied so findings never land in the tree; any crash fails the target.
 fuzz: deps-test
 	CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DKILN_FUZZ=ON
@@ -78,6 +80,10 @@ fuzz: deps-test
 	rm -rf $(BUILD_FUZZ)/corpus && cp -r tests/fuzz/corpus_safetensors $(BUILD_FUZZ)/corpus
 	./$(BUILD_FUZZ)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_audio
+	rm -rf $(BUILD_FUZZ)/corpus_audio && cp -r tests/fuzz/corpus_audio $(BUILD_FUZZ)/corpus_audio
+	OMP_NUM_THREADS=1 LSAN_OPTIONS=suppressions=tests/fuzz/lsan_audio.supp ./$(BUILD_FUZZ)/fuzz_audio -max_total_time=$(FUZZ_AUDIO_SECONDS) -rss_limit_mb=2048 \
+	    -artifact_prefix=$(BUILD_FUZZ)/audio- $(BUILD_FUZZ)/corpus_audio
 	# config.json / generation_config.json parser (20 s)
 	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_config
 	rm -rf $(BUILD_FUZZ)/corpus_config && cp -r tests/fuzz/corpus_config $(BUILD_FUZZ)/corpus_config

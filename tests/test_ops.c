@@ -572,6 +572,77 @@ static void test_moe_ffn(kn_dtype dt, int n, int E, int k, int dim, int inter, i
     free(gu_raw), free(dn_raw), free(guf), free(dnf), free(x), free(w), free(out), free(idx), free(h);
 }
 
+/* whisper: im2col_1d in both input layouts ([c, t] mel and [t, c] rows) */
+static void test_im2col(int t_in, int c_in, int k, int stride, int pad, int channel_major) {
+    int t_out = (t_in + 2 * pad - k) / stride + 1;
+    int64_t cols = (int64_t)c_in * k, n_in = (int64_t)t_in * c_in, n_out = t_out * cols;
+    int64_t ts = channel_major ? 1 : c_in, cs = channel_major ? t_in : 1;
+    float *x = malloc((size_t)n_in * 4), *out = malloc((size_t)n_out * 4);
+    fill(x, n_in, 1.0f);
+    poison(out, n_out);
+    float *dx = dev(x, (size_t)n_in * 4), *dout = dev(out, (size_t)n_out * 4);
+    be->vt->im2col_1d(be, dx, ts, cs, t_in, c_in, k, stride, pad, dout);
+    back(out, dout, (size_t)n_out * 4);
+    kn_be_free(be, dx);
+    for (int t = 0; t < t_out; t++)
+        for (int c = 0; c < c_in; c++)
+            for (int j = 0; j < k; j++) {
+                int src = t * stride + j - pad;
+                float want = src >= 0 && src < t_in ? x[src * ts + c * cs] : 0.0f;
+                float got = out[t * cols + c * k + j];
+                if (!(got == want)) {
+                    CHECK(0, "im2col t_in=%d c_in=%d k=%d s=%d p=%d cm=%d at [%d,%d,%d]: got %g want %g", t_in, c_in, k,
+                          stride, pad, channel_major, t, c, j, got, want);
+                    t = t_out, c = c_in;
+                    break;
+                }
+            }
+    free(x), free(out);
+}
+
+/* whisper: dense attention (encoder / cross / causal decoder cache) */
+static void test_attention_dense(int n_q, int n_kv, int n_heads, int hd, int causal, int q_pos0) {
+    int D = n_heads * hd;
+    int64_t qs = D + 3, ks = 2 * D + 5, vs = D + 1, os = D + 2; /* padded strides */
+    float *q = malloc((size_t)n_q * qs * 4), *k = malloc((size_t)n_kv * ks * 4), *v = malloc((size_t)n_kv * vs * 4);
+    float *out = malloc((size_t)n_q * os * 4);
+    fill(q, n_q * qs, 1.0f), fill(k, n_kv * ks, 1.0f), fill(v, n_kv * vs, 1.0f);
+    poison(out, n_q * os);
+    float *dq = dev(q, (size_t)n_q * qs * 4), *dk = dev(k, (size_t)n_kv * ks * 4), *dv = dev(v, (size_t)n_kv * vs * 4);
+    float *dout = dev(out, (size_t)n_q * os * 4);
+    float scale = 1.0f / sqrtf((float)hd) * 2.0f;
+    kn_dense_attention_args a = {.q = dq, .k = dk, .v = dv, .q_stride = qs, .k_stride = ks, .v_stride = vs,
+                                 .out = dout, .out_stride = os, .n_q = n_q, .n_kv = n_kv, .n_heads = n_heads,
+                                 .head_dim = hd, .scale = scale, .causal = causal, .q_pos0 = q_pos0};
+    be->vt->attention_dense(be, &a);
+    back(out, dout, (size_t)n_q * os * 4);
+    kn_be_free(be, dq), kn_be_free(be, dk), kn_be_free(be, dv);
+    double *p = malloc(sizeof(double) * (size_t)n_kv);
+    int bad = 0;
+    for (int i = 0; i < n_q && !bad; i++)
+        for (int h = 0; h < n_heads && !bad; h++) {
+            int len = causal && q_pos0 + i + 1 < n_kv ? q_pos0 + i + 1 : n_kv;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < len; j++) {
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)q[i * qs + h * hd + d] * k[j * ks + h * hd + d];
+                p[j] = s * scale;
+                if (p[j] > mx) mx = p[j];
+            }
+            for (int j = 0; j < len; j++) sum += (p[j] = exp(p[j] - mx));
+            for (int d = 0; d < hd && !bad; d++) {
+                double ref = 0;
+                for (int j = 0; j < len; j++) ref += p[j] / sum * v[j * vs + h * hd + d];
+                if (!close_to(out[i * os + h * hd + d], ref, 1.0, 2e-5)) {
+                    bad = 1;
+                    CHECK(0, "attention_dense n_q=%d n_kv=%d H=%d hd=%d causal=%d pos0=%d [%d,%d,%d]: got %g want %g",
+                          n_q, n_kv, n_heads, hd, causal, q_pos0, i, h, d, out[i * os + h * hd + d], ref);
+                }
+            }
+        }
+    free(p), free(q), free(k), free(v), free(out);
+}
+
 int main(void) {
     kn_error err = {0};
     const char *name = getenv("KILN_TEST_BACKEND");
@@ -631,6 +702,17 @@ int main(void) {
         test_moe_ffn(dts[d], 13, 6, 3, 40, 24, KN_ACT_SILU); /* several tokens per expert */
     }
     test_moe_ffn(KN_DT_F32, 9, 4, 2, 32, 16, KN_ACT_GELU_TANH);
+    /* whisper: conv1 (k 3, s 1, p 1) over a [c, t] mel, conv2 (s 2) over rows */
+    test_im2col(30, 8, 3, 1, 1, 1);
+    test_im2col(31, 5, 3, 2, 1, 0);
+    test_im2col(3000, 80, 3, 1, 1, 1);
+    test_im2col(7, 3, 1, 1, 0, 0);
+    test_attention_dense(7, 7, 4, 16, 0, 0);   /* encoder self-attention */
+    test_attention_dense(5, 300, 6, 64, 0, 0); /* cross-attention */
+    test_attention_dense(9, 9, 2, 64, 1, 0);   /* decoder prompt */
+    test_attention_dense(1, 12, 4, 64, 1, 11); /* decoder step over its cache */
+    test_attention_dense(3, 20, 3, 40, 1, 5);  /* causal with cache beyond the rows */
+    test_attention_dense(2, 1500, 20, 64, 0, 0);
     kn_backend_destroy(be);
     return kn_test_done("test_ops");
 }

@@ -80,6 +80,20 @@ typedef struct {
     float softcap; /* > 0: scores become softcap * tanh(scores / softcap) before the mask (gemma2); 0 = off */
 } kn_attention_args;
 
+/* Dense multi-head attention (whisper: encoder self-attention, cross-
+ * attention, decoder self-attention over a contiguous cache). Query row i,
+ * head h attends to key rows j in [0, n_kv), or j in [0, min(n_kv, q_pos0 + i
+ * + 1)) when causal; q, k and v have n_heads heads of head_dim each, head h
+ * at column h*head_dim of its row. */
+typedef struct {
+    const float *q, *k, *v; /* [n_q, q_stride], [n_kv, k_stride], [n_kv, v_stride] */
+    int64_t q_stride, k_stride, v_stride;
+    float *out; /* [n_q, out_stride], head h at out + h*head_dim */
+    int64_t out_stride;
+    int n_q, n_kv, n_heads, head_dim;
+    float scale;
+    int causal, q_pos0;
+} kn_dense_attention_args;
 /* Context buckets: a recorded decode graph is valid for one batch shape and
  * one bucket of the largest position attended (backends may size attention
  * work by the bucket's end, never by the exact length). */
@@ -155,6 +169,16 @@ typedef struct kn_backend_vtbl {
     /* out[r] = index of the largest x[r, :] (the first one on ties; NaN never
      * wins): greedy decoding without moving logits off the backend */
     void (*argmax_rows)(kn_backend *be, const float *x, int rows, int dim, int32_t *out);
+    /* ---- whisper ---- */
+    /* im2col of a 1-D convolution, so that conv1d = matmul with torch's
+     * Conv1d weight [c_out, c_in, k] viewed as [c_out, c_in*k]. Input element
+     * (t, c), t < t_in, c < c_in, is x[t*x_t_stride + c*x_c_stride] (so a
+     * [c, t] mel and a [t, c] activation both work); out is [t_out, c_in*k]
+     * with out[t][c*k + j] = x(t*stride + j - pad, c), zero outside the input;
+     * t_out = (t_in + 2*pad - k) / stride + 1. */
+    void (*im2col_1d)(kn_backend *be, const float *x, int64_t x_t_stride, int64_t x_c_stride, int t_in, int c_in,
+                      int k, int stride, int pad, float *out);
+    void (*attention_dense)(kn_backend *be, const kn_dense_attention_args *a);
     /* measurement: sustained memory read bandwidth in bytes/s (the floor
      * that memory-bound decode is compared against) */
     double (*read_bandwidth)(kn_backend *be);

@@ -8,6 +8,8 @@
 int kn_cmd_run(int argc, char **argv);
 int kn_cmd_logits(int argc, char **argv);
 int kn_cmd_bench(int argc, char **argv);
+int kn_cmd_mel(int argc, char **argv);
+int kn_cmd_transcribe(int argc, char **argv);
 int kn_cmd_tokenize(int argc, char **argv);
 int kn_cmd_detokenize(int argc, char **argv);
 int kn_cmd_template(int argc, char **argv);

@@ -8,6 +8,7 @@
 #include "io/hf_path.h"
 #include "io/npy.h"
 #include "kiln/kiln.h"
+#include "models/whisper.h"
 
 static int print_token(int32_t tok, void *user) {
     int *count = user;
@@ -104,9 +105,43 @@ int kn_cmd_run(int argc, char **argv) {
     return rc ? kn_cli_error(&err) : 0;
 }
 
+/* Teacher-forced decoder logits of a Whisper model given a log-mel
+ * [n_mels, 3000] (.npy). */
+static kn_code whisper_logits(const char *dir, const kn_cli_common *c, const char *mel_path, const int32_t *ids,
+                              int n_ids, const char *out, kn_error *err) {
+    if (!kn_whisper_is_whisper_dir(dir))
+        return kn_fail(err, KN_ERR_UNSUPPORTED, "--mel needs an encoder-decoder (whisper) model; %s is not one", dir);
+    float *mel = NULL, *logits = NULL;
+    int nd;
+    int64_t shape[4];
+    kn_code rc = kn_npy_read_f32(mel_path, &mel, &nd, shape, err);
+    if (rc) return rc;
+    kn_whisper *w = NULL;
+    kn_whisper_options o = {.backend = c->backend, .n_threads = c->n_threads, .max_slots = 1};
+    rc = kn_whisper_open(dir, &o, &w, err);
+    if (!rc) {
+        const kn_whisper_config *cfg = kn_whisper_cfg(w);
+        if (nd != 2 || shape[0] != cfg->n_mels || shape[1] != 2 * cfg->max_source_positions)
+            rc = kn_fail(err, KN_ERR_INVALID_ARG, "%s: expected a float32 mel [%d, %d] (kiln mel --n-mels %d)", mel_path,
+                         cfg->n_mels, 2 * cfg->max_source_positions, cfg->n_mels);
+    }
+    if (!rc) rc = kn_whisper_encode(w, mel, err);
+    if (!rc) {
+        int V = kn_whisper_cfg(w)->vocab_size;
+        logits = malloc((size_t)n_ids * (size_t)V * sizeof(float));
+        rc = logits ? kn_whisper_decode(w, 1, n_ids, ids, 0, 1, logits, err) : kn_fail(err, KN_ERR_NOMEM, "out of memory");
+        int64_t sh[2] = {n_ids, V};
+        if (!rc) rc = kn_npy_write_f32(out, logits, 2, sh, err);
+    }
+    free(logits);
+    free(mel);
+    kn_whisper_close(w);
+    return rc;
+}
+
 int kn_cmd_logits(int argc, char **argv) {
     kn_cli_common common = {0};
-    const char *model = NULL, *ids_arg = NULL, *out = NULL;
+    const char *model = NULL, *ids_arg = NULL, *out = NULL, *mel = NULL;
     kn_error err = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -116,8 +151,8 @@ int kn_cmd_logits(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ids") || !strcmp(a, "--out") || !strcmp(a, "--mel")) {
             if (!v) return kn_cli_usage_error("%s needs a value", a);
-            if (!strcmp(a, "--mel")) return kn_cli_usage_error("--mel needs an encoder-decoder model (not in this build)");
-            if (!strcmp(a, "--ids")) ids_arg = v;
+            if (!strcmp(a, "--mel")) mel = v;
+            else if (!strcmp(a, "--ids")) ids_arg = v;
             else out = v;
             i++;
         } else if (a[0] == '-') return kn_cli_usage_error("logits: unknown option %s", a);
@@ -130,6 +165,17 @@ int kn_cmd_logits(int argc, char **argv) {
     int32_t *ids;
     int n_ids;
     if (kn_parse_ids(ids_arg, &ids, &n_ids, &err)) return kn_cli_error(&err);
+    char dir[4096];
+    if (kn_resolve_model_path(model, dir, sizeof dir, &err)) {
+        free(ids);
+        return kn_cli_error(&err);
+    }
+    if (mel || kn_whisper_is_whisper_dir(dir)) {
+        kn_code rc = mel ? whisper_logits(dir, &common, mel, ids, n_ids, out, &err)
+                         : kn_fail(&err, KN_ERR_INVALID_ARG, "%s is an encoder-decoder (whisper) model: give --mel FILE.npy", model);
+        free(ids);
+        return rc ? kn_cli_error(&err) : 0;
+    }
     kn_model *m;
     if (open_model(model, &common, &m, &err)) {
         free(ids);

@@ -13,7 +13,10 @@ static const char usage[] =
     "commands:\n"
     "  run MODEL -p TEXT | --chat [-p TEXT] | --ids 1,2,3 [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--ignore-eos]\n"
     "        generate; with --ids the generated ids are printed to stdout, space-separated\n"
-    "  logits MODEL --ids 1,2,3 --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
+    "  logits MODEL --ids 1,2,3 [--mel FILE.npy] --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
+    "  mel AUDIO [--n-mels 80|128] --out FILE.npy   Whisper log-mel of the first 30 s, float32 [n_mels, 3000]\n"
+    "  transcribe AUDIO --model WHISPER [--language L] [--task transcribe|translate] [--beam-size N] [--prompt TEXT]\n"
+    "        [--format text|json|verbose_json|srt|vtt|tokens] [--no-timestamps] [--temperature T] [--no-fallback]\n"
     "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--host-logits] [--json]\n"
     "  tokenize MODEL TEXT [--special] [--json]   ids of TEXT (\"-\": stdin); --special adds BOS/EOS etc.\n"
     "  detokenize MODEL IDS... [--skip-special]   text of the ids\n"
@@ -91,10 +94,12 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "detokenize")) return kn_cmd_detokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "template")) return kn_cmd_template(argc - 2, argv + 2);
     if (!strcmp(cmd, "serve")) return kn_cmd_serve(argc - 2, argv + 2);
-    static const char *const later[] = {"mel", "transcribe", "quantize", "pull", "ls", "fit"};
+    if (!strcmp(cmd, "mel")) return kn_cmd_mel(argc - 2, argv + 2);
+    if (!strcmp(cmd, "transcribe")) return kn_cmd_transcribe(argc - 2, argv + 2);
+    static const char *const later[] = {"quantize", "pull", "ls", "fit"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(cmd, later[i])) {
-            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, serve, tokenize, detokenize, template)\n", cmd);
+            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, serve, tokenize, detokenize, template, mel, transcribe)\n", cmd);
             return 2;
         }
     return kn_cli_usage_error("unknown command \"%s\"", cmd);

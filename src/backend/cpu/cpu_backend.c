@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_ops_whisper.h"
 #include "backend/cpu/cpu_ops_models.h"
 
 typedef struct {
@@ -368,6 +369,9 @@ static const kn_backend_vtbl cpu_vtbl = {
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .softmax = cpu_softmax,
+    /* whisper */
+    .im2col_1d = kn_cpu_im2col_1d,
+    .attention_dense = kn_cpu_attention_dense,
     .argmax_rows = cpu_argmax_rows,
     .read_bandwidth = cpu_read_bandwidth,
     .softcap = kn_cpu_softcap,

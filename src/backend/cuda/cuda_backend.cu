@@ -607,6 +607,7 @@ static double cu_read_bandwidth(kn_backend *be) {
 static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
     cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax, cu_argmax_rows,
+    /* whisper */ kn_cuda_im2col_1d, kn_cuda_attention_dense,
     cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end, cu_memory_info,
     kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
 };

@@ -15,16 +15,16 @@
 #define KILN_SOURCE_DIR "."
 #endif
 
-static const char *const files[] = {"bytelevel.json", "spm.json", "wordpiece.json"};
-static kn_tokenizer *toks[3];
+static const char *const files[] = {"bytelevel.json", "spm.json", "wordpiece.json", "unigram.json"};
+static kn_tokenizer *toks[4];
 
 static void load_all(void) {
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/tests/fuzz/tokenizers/%s", KILN_SOURCE_DIR, files[i]);
         FILE *f = fopen(path, "rb");
         if (!f) abort();
-        char buf[1 << 16];
+        static char buf[1 << 20];
         size_t n = fread(buf, 1, sizeof buf, f);
         fclose(f);
         kn_error err;
@@ -63,7 +63,7 @@ static void stream_equals_decode(const kn_tokenizer *t, const int32_t *ids, int 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!toks[0]) load_all();
     if (size < 1) return 0;
-    const kn_tokenizer *t = toks[data[0] % 3];
+    const kn_tokenizer *t = toks[data[0] % 4];
     int special = (data[0] >> 2) & 1, skip = (data[0] >> 3) & 1;
     const char *text = (const char *)data + 1;
     size_t len = size - 1;

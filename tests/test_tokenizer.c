@@ -9,6 +9,7 @@
  *    against their recorded ids and decodes (tok_check.h). */
 #include "tok_check.h"
 
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -204,6 +205,61 @@ static void test_api(void) {
     kn_tokenizer_free(t);
 }
 
+/* One kn_tokenizer shared by several threads gives every thread the ids a
+ * single thread gets (the tokenizer is immutable; scratch is per call). */
+typedef struct {
+    const kn_tokenizer *t;
+    const char *text;
+    size_t len;
+    const int32_t *want;
+    int n_want;
+    int ok;
+} thread_job;
+
+static void *thread_encode(void *arg) {
+    thread_job *j = arg;
+    j->ok = 1;
+    for (int r = 0; r < 50 && j->ok; r++) {
+        int32_t *ids;
+        int n;
+        kn_error err;
+        if (kn_tokenizer_encode(j->t, j->text, j->len, r & 1, &ids, &n, &err)) {
+            j->ok = 0;
+            break;
+        }
+        int off = r & 1; /* the template adds one id in front */
+        j->ok = n == j->n_want + off && !memcmp(ids + off, j->want, sizeof *ids * (size_t)j->n_want);
+        free(ids);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    kn_tokenizer *t = byte_tokenizer();
+    if (!t) return;
+    static const char text[] = "the hello there, \xe4\xb8\xad\xe6\x96\x87 <|s|> text   with  spaces\n\n and more the the";
+    int32_t *want;
+    int n_want;
+    kn_error err;
+    if (kn_tokenizer_encode(t, text, sizeof text - 1, 0, &want, &n_want, &err)) {
+        CHECK(0, "encode: %s", err.msg);
+        kn_tokenizer_free(t);
+        return;
+    }
+    pthread_t th[4];
+    thread_job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (thread_job){t, text, sizeof text - 1, want, n_want, 0};
+        pthread_create(&th[i], NULL, thread_encode, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(jobs[i].ok, "thread %d got different ids", i);
+    }
+    free(want);
+    kn_tokenizer_free(t);
+}
+
 static const char *const tiny_names[] = {"tiny_bytelevel", "tiny_spm", "tiny_legacy_spm", "tiny_suffix", "spm_bpe", "spm_unigram", "tiny_unigram",
                                          "tiny_split",     "tiny_wordpiece", "tiny_wordlevel"};
 
@@ -250,6 +306,7 @@ static void test_tiny(void) {
 int main(void) {
     test_errors();
     test_api();
+    test_threads();
     test_tiny();
     return kn_test_done("test_tokenizer");
 }

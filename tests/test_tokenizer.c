@@ -261,7 +261,7 @@ static void test_threads(void) {
 }
 
 static const char *const tiny_names[] = {"tiny_bytelevel", "tiny_spm", "tiny_legacy_spm", "tiny_suffix", "spm_bpe", "spm_unigram", "tiny_unigram",
-                                         "tiny_split",     "tiny_wordpiece", "tiny_wordlevel"};
+                                         "tiny_split", "tiny_wordpiece", "tiny_wordlevel", "tiny_precompiled"};
 
 static void test_tiny(void) {
     json_t *corpus = tok_load_corpus();

@@ -38,8 +38,13 @@ static void test_errors(void) {
     expect_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": {\"a\": 0}}}", KN_ERR_FORMAT, "Unigram");
     expect_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", 0.0]], \"unk_id\": 5}}", KN_ERR_FORMAT, "unk_id");
     expect_error("{\"model\": {\"type\": \"Frobnicate\", \"vocab\": {}}}", KN_ERR_UNSUPPORTED, "Frobnicate");
-    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"\"}}",
-                 KN_ERR_UNSUPPORTED, "Precompiled");
+    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Fancy\"}}", KN_ERR_UNSUPPORTED, "Fancy");
+    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"!!\"}}",
+                 KN_ERR_FORMAT, "base64");
+    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"AAAA\"}}",
+                 KN_ERR_FORMAT, "Precompiled");
+    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"/////w==\"}}",
+                 KN_ERR_FORMAT, "trie size");
     expect_error("{" BPE_MODEL ", \"pre_tokenizer\": {\"type\": \"UnicodeScripts\"}}", KN_ERR_UNSUPPORTED, "UnicodeScripts");
     expect_error("{" BPE_MODEL ", \"decoder\": {\"type\": \"CTC\"}}", KN_ERR_UNSUPPORTED, "CTC");
     expect_error("{" BPE_MODEL ", \"post_processor\": {\"type\": \"Wobble\"}}", KN_ERR_UNSUPPORTED, "Wobble");

@@ -240,6 +240,9 @@ static kn_code put_cp(kn_tbuf *b, uint32_t cp) {
 }
 
 static kn_code unicode_form(int opts, const char *s, size_t len, kn_tbuf *out, kn_error *err) {
+    size_t i = 0;
+    while (i < len && (unsigned char)s[i] < 0x80) i++;
+    if (i == len) return put(out, s, len); /* ASCII is invariant under every normalization form */
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &dst, opts);
     if (r < 0) return kn_fail(err, KN_ERR_FORMAT, "unicode normalization: %s", utf8proc_errmsg(r));

@@ -298,7 +298,7 @@ static void test_tiny(void) {
             continue;
         }
         if (exp) {
-            int f = tok_check_all(t, tiny_names[i], exp, corpus);
+            int f = tok_check_all(t, tiny_names[i], exp, corpus, 0);
             printf("%-16s %zu cases, %d failures\n", tiny_names[i], json_array_size(json_object_get(exp, "cases")), f);
         }
         json_decref(exp);

@@ -72,7 +72,8 @@ fuzz: deps-test
 	./$(BUILD_FUZZ)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus
 	rm -rf $(BUILD_FUZZ)/corpus_tok $(BUILD_FUZZ)/corpus_tokload && cp -r tests/fuzz/corpus_tokenizer $(BUILD_FUZZ)/corpus_tok \
-	    && mkdir -p $(BUILD_FUZZ)/corpus_tokload && cp tests/fuzz/tokenizers/*.json $(BUILD_FUZZ)/corpus_tokload/
+	    && mkdir -p $(BUILD_FUZZ)/corpus_tokload \
+	    && cp tests/fuzz/tokenizers/*.json tests/fuzz/corpus_tokenizer_load/*.json $(BUILD_FUZZ)/corpus_tokload/
 	./$(BUILD_FUZZ)/fuzz_tokenizer -max_total_time=$(TOK_FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=4096 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_tok
 	./$(BUILD_FUZZ)/fuzz_tokenizer_load -max_total_time=$(TOK_FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=65536 \

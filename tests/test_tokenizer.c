@@ -101,6 +101,27 @@ static void test_errors(void) {
     rmdir(tmp);
 }
 
+/* Added tokens get ids as HF add_tokens assigns them: the vocab's id when the
+ * string is in the vocab, else the next id after the vocab, whatever the
+ * JSON "id" says (HF only warns). */
+static void test_added_ids(void) {
+    const char *js = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+                     " \"added_tokens\": [{\"id\": 7, \"content\": \"<x>\", \"special\": true},"
+                     " {\"id\": 9, \"content\": \"b\", \"special\": false},"
+                     " {\"id\": 3, \"content\": \"<y>\", \"special\": false}]}";
+    kn_tokenizer *t;
+    kn_error err = {0};
+    if (load_str(js, &t, &err)) {
+        CHECK(0, "added ids: %s", err.msg);
+        return;
+    }
+    CHECK(kn_tokenizer_token_id(t, "<x>") == 2 && kn_tokenizer_token_id(t, "b") == 1 &&
+              kn_tokenizer_token_id(t, "<y>") == 3 && kn_tokenizer_vocab_size(t) == 4,
+          "added ids: <x>=%d b=%d <y>=%d size=%d", kn_tokenizer_token_id(t, "<x>"), kn_tokenizer_token_id(t, "b"),
+          kn_tokenizer_token_id(t, "<y>"), kn_tokenizer_vocab_size(t));
+    kn_tokenizer_free(t);
+}
+
 /* A byte-level tokenizer with one id per byte, a few merges, a special token
  * and a BOS template; built here so the API tests need no files. */
 static kn_tokenizer *byte_tokenizer(void) {
@@ -266,7 +287,7 @@ static void test_threads(void) {
 }
 
 static const char *const tiny_names[] = {"tiny_bytelevel", "tiny_spm", "tiny_legacy_spm", "tiny_suffix", "spm_bpe", "spm_unigram", "tiny_unigram",
-                                         "tiny_split", "tiny_wordpiece", "tiny_wordlevel", "tiny_precompiled"};
+                                         "tiny_split", "tiny_wordpiece", "tiny_wordlevel", "tiny_precompiled", "tiny_added_ids"};
 
 static void test_tiny(void) {
     json_t *corpus = tok_load_corpus();
@@ -311,6 +332,7 @@ static void test_tiny(void) {
 int main(void) {
     test_errors();
     test_api();
+    test_added_ids();
     test_threads();
     test_tiny();
     return kn_test_done("test_tokenizer");

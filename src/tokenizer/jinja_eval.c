@@ -137,6 +137,8 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         return rc || c->failed ? -1 : 0;
     }
     if (a.t == JV_UNDEF) return undef_error(c, a);
+    if (op == OP_MOD && a.t == JV_STR && b.t == JV_UNDEF) /* Undefined has __getitem__: a mapping to Python's % */
+        return kn_jinja_printf(c, a, &b, 1, 1, out);
     if (b.t == JV_UNDEF) return undef_error(c, b);
     switch (op) {
     case OP_ADD:

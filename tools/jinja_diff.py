@@ -21,16 +21,23 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures"))
 import gen_templates  # noqa: E402
 
-VARS = {"x": [3, 1, 2], "s": "Hello World", "d": {"k": "v", "n": 2}, "e": "", "f": 2.5, "z": 0, "t": ["b", "A", "c"]}
+VARS = {"x": [3, 1, 2], "s": "Hello World", "d": {"k": "v", "n": 2}, "e": "", "f": 2.5, "z": 0, "t": ["b", "A", "c"],
+        "m": [{"role": "user", "content": "hi <b>"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"function": {"name": "f", "arguments": {"a": 1}}}]}, {"role": "tool", "content": "{\"r\": 1}"}]}
 ATOMS = ["0", "1", "2", "-3", "7", "0.5", "2.0", "-1.5", "'a'", "'Ab c'", "' x '", "''", "'é'", "none", "true",
-         "false", "[1, 2]", "['a', 'B']", "{'a': 1}", "x", "s", "d", "e", "f", "z", "t", "u", "(1, 'a')", "[]", "{}"]
+         "false", "[1, 2]", "['a', 'B']", "{'a': 1}", "x", "s", "d", "e", "f", "z", "t", "u", "(1, 'a')", "[]", "{}",
+         "m", "m[0]", "m[1].tool_calls", "m[-1].content", "m[0]['role']", "m[1].content", "m|length",
+         "m|selectattr('role', 'equalto', 'user')|list", "m|map(attribute='role')|join(',')",
+         "m[1].tool_calls[0].function.arguments", "m|rejectattr('content')|list", "m|last"]
 BINOPS = ["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", "<=", ">", ">=", "in", "not in", "and", "or"]
 FILTERS = ["length", "first", "last", "upper", "lower", "trim", "string", "int", "float", "abs", "round",
            "join(',')", "reverse|list", "sort|list", "unique|list", "tojson", "default('z')", "list", "items|list",
            "capitalize", "title", "wordcount", "replace('a', 'b')", "indent(2)", "center(7)", "sum", "min", "max",
            "select('odd')|list", "map('string')|list", "batch(2)|list", "dictsort", "d", "e", "safe", "count",
            "reject('even')|list", "selectattr('a')|list", "map(attribute='a')|list", "tojson(indent=1)",
-           "round(1)", "int(5)", "float(1.5)", "truncate(5)", "format(1)", "trim('x')"]
+           "round(1)", "int(5)", "float(1.5)", "truncate(5)", "format(1)", "trim('x')",
+           "tojson(separators=(',', ':'))", "selectattr('role')|list", "map(attribute='role')|list",
+           "groupby('role')|list", "sort(attribute='role')|list", "unique(attribute='role')|list"]
 TESTS = ["defined", "undefined", "none", "string", "number", "odd", "even", "iterable", "mapping", "sequence",
          "integer", "float", "boolean", "true", "false", "lower", "upper", "divisibleby 2", "in [1, 'a']",
          "eq 1", "callable", "sameas none"]

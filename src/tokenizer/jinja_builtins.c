@@ -53,15 +53,22 @@ static int sort_key(jctx *c, jv v, int case_sensitive, jv *out) {
     return 0;
 }
 
-/* stable merge sort of idx[] by keys[] */
-static int msort(jctx *c, jv *keys, size_t *idx, size_t *tmp, size_t n, int reverse) {
+/* stable merge sort of idx[] by keys[]; eq_first: keys compare like
+ * one-element lists (jinja2's multi-attribute getter), so equal keys never
+ * reach `<` (two Undefined keys are equal) */
+static int msort(jctx *c, jv *keys, size_t *idx, size_t *tmp, size_t n, int reverse, int eq_first) {
     if (n < 2) return 0;
     size_t h = n / 2;
-    if (msort(c, keys, idx, tmp, h, reverse) || msort(c, keys, idx + h, tmp, n - h, reverse)) return -1;
+    if (msort(c, keys, idx, tmp, h, reverse, eq_first) || msort(c, keys, idx + h, tmp, n - h, reverse, eq_first)) return -1;
     size_t i = 0, j = h, k = 0;
     while (i < h && j < n) {
-        int cmp;
-        if (jv_compare(c, keys[idx[j]], keys[idx[i]], &cmp)) return -1;
+        int cmp = 0;
+        if (eq_first && jv_equal(keys[idx[j]], keys[idx[i]])) cmp = 0;
+        else if (keys[idx[j]].t == JV_UNDEF || keys[idx[i]].t == JV_UNDEF)
+            return jfail(c, "%s", keys[idx[j]].t == JV_UNDEF && keys[idx[j]].undef_hint ? keys[idx[j]].undef_hint
+                                 : keys[idx[i]].t == JV_UNDEF && keys[idx[i]].undef_hint ? keys[idx[i]].undef_hint
+                                                                                         : "value is undefined");
+        else if (jv_compare(c, keys[idx[j]], keys[idx[i]], &cmp)) return -1;
         if (reverse) cmp = -cmp;
         if (cmp < 0) tmp[k++] = idx[j++];
         else tmp[k++] = idx[i++];
@@ -84,7 +91,7 @@ static int sort_items(jctx *c, jlist *items, jv attr, int case_sensitive, int re
         if (sort_key(c, k, case_sensitive, &keys[i])) return -1;
         idx[i] = i;
     }
-    if (msort(c, keys, idx, tmp, n, reverse)) return -1;
+    if (msort(c, keys, idx, tmp, n, reverse, attr.t == JV_STR)) return -1;
     jlist *l = jlist_new(c, n);
     if (!l) return -1;
     for (size_t i = 0; i < n; i++) l->v[i] = items->v[idx[i]];
@@ -926,6 +933,46 @@ static int f_urlencode(jctx *c, jv v, const jargs *a, jv *out) {
     return rc || c->failed ? -1 : 0;
 }
 
+/* jinja2 do_groupby(value, attribute, default=None, case_sensitive=False):
+ * sorted by the key, consecutive equal keys grouped into (key, [items]) */
+static int f_groupby(jctx *c, jv v, const jargs *a, jv *out) {
+    jv attr, dflt = jv_undef(NULL), cs = jv_bool(0);
+    if (!jarg(a, 0, "attribute", &attr)) return jfail(c, "groupby() needs an attribute");
+    int has_default = jarg(a, 1, "default", &dflt);
+    jarg(a, 2, "case_sensitive", &cs);
+    jlist *l, *r;
+    if (seq_items(c, v, &l) || !(r = jlist_new(c, 0))) return -1;
+    size_t n = l->n;
+    jv *keys = jarena_alloc(&c->arena, (n + 1) * sizeof(jv)), *raw = jarena_alloc(&c->arena, (n + 1) * sizeof(jv));
+    size_t *idx = jarena_alloc(&c->arena, (n + 1) * sizeof(size_t)), *tmp = jarena_alloc(&c->arena, (n + 1) * sizeof(size_t));
+    if (!keys || !raw || !idx || !tmp) return joom(c);
+    for (size_t i = 0; i < n; i++) {
+        jv k;
+        if (get_attr_or_item(c, l->v[i], attr, &k)) return -1;
+        if (k.t == JV_UNDEF && has_default) k = dflt;
+        raw[i] = k;
+        if (sort_key(c, k, jv_truthy(cs), &keys[i])) return -1;
+        idx[i] = i;
+    }
+    if (msort(c, keys, idx, tmp, n, 0, 0)) return -1;
+    for (size_t i = 0; i < n;) {
+        jlist *items = jlist_new(c, 0), *pair = jlist_new(c, 2);
+        if (!items || !pair) return -1;
+        size_t j = i;
+        while (j < n && jv_equal(keys[idx[j]], keys[idx[i]])) {
+            if (jlist_push(c, items, l->v[idx[j]])) return -1;
+            j++;
+        }
+        pair->v[0] = jv_truthy(cs) ? keys[idx[i]] : raw[idx[i]];
+        pair->v[1] = list_val(items, 0);
+        pair->n = 2;
+        if (jlist_push(c, r, list_val(pair, 1))) return -1;
+        i = j;
+    }
+    *out = list_val(r, 0);
+    return 0;
+}
+
 /* jinja2 do_batch(value, linecount, fill_with=None): a generator of lists */
 static int f_batch(jctx *c, jv v, const jargs *a, jv *out) {
     jv nv, fill = jv_none();
@@ -971,7 +1018,7 @@ static const fdef filters[] = {
     {"sum", f_sum}, {"title", f_title}, {"tojson", f_tojson}, {"trim", f_trim}, {"unique", f_unique},
     {"upper", f_upper}, {"wordcount", f_wordcount},
     /* jinja2 built-ins kiln does not implement */
-    {"batch", f_batch}, {"filesizeformat", f_unsupported}, {"groupby", f_unsupported},
+    {"batch", f_batch}, {"filesizeformat", f_unsupported}, {"groupby", f_groupby},
     {"pprint", f_unsupported}, {"random", f_unsupported}, {"slice", f_unsupported}, {"striptags", f_unsupported},
     {"truncate", f_truncate}, {"urlencode", f_urlencode}, {"urlize", f_unsupported},
     {"wordwrap", f_unsupported}, {"xmlattr", f_unsupported},

@@ -18,10 +18,6 @@ struct jscope {
     jdict *vars;
 };
 
-struct jmacro {
-    const jnode *def; /* N_MACRO (params, defaults, body in b) */
-    jscope *closure;
-};
 
 static int eval(jctx *c, jscope *s, const jnode *n, jv *out);
 static int exec(jctx *c, jscope *s, const jnode *n);

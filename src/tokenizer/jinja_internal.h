@@ -235,6 +235,10 @@ struct jfunc {
     const char *name;
     jv self;           /* bound object for methods */
 };
+struct jmacro {
+    const jnode *def; /* N_MACRO (name, params, defaults, body in b) */
+    struct jscope *closure;
+};
 struct jloop {
     const jlist *items;
     size_t index0;

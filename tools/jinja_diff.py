@@ -66,6 +66,38 @@ def expr(r, depth=0):
     return "not %s" % expr(r, depth + 1)
 
 
+def ws_text(r):
+    return "".join(r.choice(["\n", "  ", "\t", "a", "b ", " \n ", "\r\n", "x\n  "]) for _ in range(r.randint(0, 4)))
+
+
+def ws_block(r, depth=0):
+    """Random whitespace-control soup: text, tags with -/+ modifiers, comments, raw, nested ifs/fors."""
+    out = []
+    for _ in range(r.randint(1, 4)):
+        out.append(ws_text(r))
+        k = r.random()
+        o, c_ = r.choice(["", "-", "+"]), r.choice(["", "-", "+"])
+        vo, vc = r.choice(["", "-"]), r.choice(["", "-"])
+        if k < 0.25:
+            out.append("{{%s 'v' %s}}" % (vo, vc))
+        elif k < 0.4:
+            out.append("{#%s c %s#}" % (r.choice(["", "-"]), r.choice(["", "-"])))
+        elif k < 0.5:
+            out.append("{%%%s raw %s%%}%s{{ x }}%s{%%%s endraw %s%%}" % (r.choice(["", "-"]), r.choice(["", "-"]), ws_text(r), ws_text(r), r.choice(["", "-"]), r.choice(["", "-"])))
+        elif depth < 2:
+            kw = r.choice(["if true", "for i in [1, 2]", "if false"])
+            end = "endif" if kw.startswith("if") else "endfor"
+            out.append("{%%%s %s %s%%}" % (o, kw, c_))
+            out.append(ws_block(r, depth + 1))
+            if kw.startswith("if") and r.random() < 0.4:
+                out.append("{%%%s else %s%%}" % (r.choice(["", "-", "+"]), r.choice(["", "-", "+"])))
+                out.append(ws_block(r, depth + 1))
+            out.append(ws_text(r))
+            out.append("{%%%s %s %s%%}" % (r.choice(["", "-", "+"]), end, r.choice(["", "-", "+"])))
+    out.append(ws_text(r))
+    return "".join(out)
+
+
 def main():
     kiln = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 300
@@ -77,7 +109,9 @@ def main():
         open(msgs, "w").write("[]")
         for i in range(n):
             k = r.random()
-            if k < 0.6:
+            if os.environ.get("JINJA_DIFF_WS"):
+                src = ws_block(r)
+            elif k < 0.6:
                 src = "{{ %s }}" % expr(r)
             elif k < 0.75:
                 src = "{%% for a in %s %%}{{ loop.index }}{{ a }}{{ loop.last }},{%% else %%}E{%% endfor %%}" % expr(r)

@@ -21,7 +21,8 @@ extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap);
 extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s);
 extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
 extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                                  int32_t *idx, float *w);
+                                  const float *expert_scale, int32_t *idx, float *w);
+extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
 extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
 
 typedef struct {
@@ -447,6 +448,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     cu_embed, cu_rms_norm, cu_matmul, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
     cu_read_bandwidth,
     kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
+    kn_cuda_mul_rows,
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

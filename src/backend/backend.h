@@ -153,9 +153,9 @@ typedef struct kn_backend_vtbl {
      * expert_scale (NULL = none): then multiply weight j by expert_scale[idx j] (gemma4). */
     void (*moe_route)(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
                       const float *expert_scale, int32_t *idx, float *w);
+    void (*moe_ffn)(kn_backend *be, const kn_moe_args *a);
     /* y[r, j] *= x[r * x_stride + j] for r < rows, j < dim (gemma4 per-layer inputs) */
     void (*mul_rows)(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
-    void (*moe_ffn)(kn_backend *be, const kn_moe_args *a);
 } kn_backend_vtbl;
 
 struct kn_backend {

@@ -1,5 +1,5 @@
 /* llama.c — the shared decoder of every dense and MoE family kiln runs
- * (llama, mistral, qwen2/3, phi3, gemma/2/3, olmo2, granite, starcoder2,
+ * (llama, mistral, qwen2/3, phi3, gemma/2/3/4, olmo2, granite, starcoder2,
  * glm4, smollm3, and the attention half of qwen2_moe/qwen3_moe/mixtral):
  * weight loading from HF tensor names and the batched forward pass.
  *
@@ -15,7 +15,10 @@
  * attention scale and soft-capping, per-layer windows, per-layer RoPE tables
  * (gemma3 local/global, smollm3 NoPE), GLM's interleaved RoPE (rows permuted
  * at load), fused or separate projections, optional biases (present tensors
- * decide). Expert layers live in moe.c. */
+ * decide). gemma4 adds per-layer attention shapes (KV pool viewed per layer),
+ * keys-as-values and value norms, KV-shared layers (attend to an earlier
+ * layer's cache, write none), per-layer input embeddings and layer scalars.
+ * Expert layers live in moe.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -475,19 +475,22 @@ static void ref_route(const float *l, int E, int k, int norm, int32_t *idx, doub
     }
 }
 
-static void test_moe_route(int rows, int E, int k, int norm) {
-    float *l = malloc((size_t)rows * E * 4), *w = malloc((size_t)rows * k * 4);
+static void test_moe_route(int rows, int E, int k, int norm, int scaled) {
+    float *l = malloc((size_t)rows * E * 4), *w = malloc((size_t)rows * k * 4), *es = malloc((size_t)E * 4);
     int32_t *idx = malloc((size_t)rows * k * 4), ridx[64];
     double rw[64];
     fill(l, (int64_t)rows * E, 4.0f);
-    float *dl = dev(l, (size_t)rows * E * 4), *dw = dev(NULL, (size_t)rows * k * 4);
+    for (int e = 0; e < E; e++) es[e] = 0.5f + fabsf(kn_test_rand(&seed));
+    float *dl = dev(l, (size_t)rows * E * 4), *dw = dev(NULL, (size_t)rows * k * 4), *des = dev(es, (size_t)E * 4);
     int32_t *di = dev(NULL, (size_t)rows * k * 4);
-    be->vt->moe_route(be, dl, rows, E, k, norm, di, dw);
+    be->vt->moe_route(be, dl, rows, E, k, norm, scaled ? des : NULL, di, dw);
     back(w, dw, (size_t)rows * k * 4);
     back(idx, di, (size_t)rows * k * 4);
-    kn_be_free(be, dl);
+    kn_be_free(be, dl), kn_be_free(be, des);
     for (int r = 0; r < rows; r++) {
         ref_route(l + (size_t)r * E, E, k, norm, ridx, rw);
+        if (scaled)
+            for (int j = 0; j < k; j++) rw[j] *= es[ridx[j]];
         for (int j = 0; j < k; j++)
             if (idx[r * k + j] != ridx[j] || !close_to(w[r * k + j], rw[j], rw[j], 1e-5)) {
                 CHECK(0, "moe_route rows=%d E=%d k=%d norm=%d [%d,%d]: got %d/%g want %d/%g", rows, E, k, norm, r, j,
@@ -496,7 +499,25 @@ static void test_moe_route(int rows, int E, int k, int norm) {
                 break;
             }
     }
-    free(l), free(w), free(idx);
+    free(l), free(w), free(idx), free(es);
+}
+
+static void test_mul_rows(void) {
+    const int rows = 5, dim = 7, xs = 19;
+    float *y = malloc(rows * dim * 4), *x = malloc(rows * xs * 4), *out = malloc(rows * dim * 4);
+    fill(y, rows * dim, 2.0f), fill(x, rows * xs, 2.0f);
+    float *dy = dev(y, rows * dim * 4), *dx = dev(x, rows * xs * 4);
+    be->vt->mul_rows(be, dy, dx + 3, xs, rows, dim);
+    back(out, dy, rows * dim * 4);
+    kn_be_free(be, dx);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < dim; j++)
+            if (!close_to(out[r * dim + j], (double)y[r * dim + j] * x[r * xs + 3 + j], 4.0, 1e-7)) {
+                CHECK(0, "mul_rows [%d,%d]: got %g", r, j, out[r * dim + j]);
+                r = rows;
+                break;
+            }
+    free(y), free(x), free(out);
 }
 
 static double act_ref(double g, int act) {
@@ -694,9 +715,11 @@ int main(void) {
     test_gelu_geglu(KN_GELU_ERF);
     test_gelu_geglu(KN_GELU_TANH);
     test_softcap_scale_gate();
-    test_moe_route(1, 8, 2, 1);
-    test_moe_route(37, 60, 4, 0);
-    test_moe_route(5, 128, 8, 1);
+    test_moe_route(1, 8, 2, 1, 0);
+    test_moe_route(37, 60, 4, 0, 0);
+    test_moe_route(5, 128, 8, 1, 0);
+    test_moe_route(9, 4, 2, 1, 1); /* gemma4 per-expert scale */
+    test_mul_rows();
     for (int d = 0; d < 3; d++) {
         test_moe_ffn(dts[d], 1, 8, 2, 64, 48, KN_ACT_SILU);  /* decode */
         test_moe_ffn(dts[d], 13, 6, 3, 40, 24, KN_ACT_SILU); /* several tokens per expert */

@@ -204,10 +204,13 @@ typedef struct kn_backend_vtbl {
     void (*sigmoid_gate_add)(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
     /* MoE router: per row of logits [rows, n_experts], softmax, then the k
      * largest probabilities (ties: lower expert id first) into idx/w [rows, k]
-     * in descending order; norm_topk: divide the k weights by their sum. */
+     * in descending order; norm_topk: divide the k weights by their sum;
+     * expert_scale (NULL = none): then multiply weight j by expert_scale[idx j] (gemma4). */
     void (*moe_route)(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                      int32_t *idx, float *w);
+                      const float *expert_scale, int32_t *idx, float *w);
     void (*moe_ffn)(kn_backend *be, const kn_moe_args *a);
+    /* y[r, j] *= x[r * x_stride + j] for r < rows, j < dim (gemma4 per-layer inputs) */
+    void (*mul_rows)(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
 } kn_backend_vtbl;
 
 struct kn_backend {

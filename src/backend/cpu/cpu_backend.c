@@ -379,6 +379,7 @@ static const kn_backend_vtbl cpu_vtbl = {
     .sigmoid_gate_add = kn_cpu_sigmoid_gate_add,
     .moe_route = kn_cpu_moe_route,
     .moe_ffn = kn_cpu_moe_ffn,
+    .mul_rows = kn_cpu_mul_rows,
 };
 
 /* Attention scratch holds one score row per thread; sized for the longest

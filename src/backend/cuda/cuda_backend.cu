@@ -24,7 +24,8 @@ extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap);
 extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s);
 extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
 extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                                  int32_t *idx, float *w);
+                                  const float *expert_scale, int32_t *idx, float *w);
+extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
 extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
 
 typedef kn_cuda_backend cuda_backend;
@@ -610,6 +611,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     /* whisper */ kn_cuda_im2col_1d, kn_cuda_attention_dense,
     cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end, cu_memory_info,
     kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
+    kn_cuda_mul_rows,
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

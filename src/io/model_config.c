@@ -405,6 +405,64 @@ static int parse_rope_layers(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
 
 /* The per-family feature table: everything the shared decoder needs to know
  * beyond sizes, from model_type and the family's config keys. */
+/* MLX quantization block: {"group_size": G, "bits": B, ["mode": "affine"],
+ * "<module path>": {"group_size", "bits"} | false, ...}. Validated here so a
+ * bad block is reported before any tensor is read. */
+static int parse_quant_pair(cfg_ctx *c, json_t *q, const char *what, int *bits, int *gs) {
+    if (get_int(c, q, "bits", 0, bits) || get_int(c, q, "group_size", 64, gs)) return -1;
+    if (*bits == 3 || *bits == 5 || *bits == 6) {
+        c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
+                          "%s: %s: %d-bit MLX quantization packs codes across words and is not supported (2, 4, 8)",
+                          c->where, what, *bits);
+        return -1;
+    }
+    if ((*bits != 2 && *bits != 4 && *bits != 8) || (*gs != 32 && *gs != 64 && *gs != 128)) {
+        c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
+                          "%s: %s: bits %d / group_size %d (supported: bits 2, 4, 8; group_size 32, 64, 128)", c->where,
+                          what, *bits, *gs);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_quantization(cfg_ctx *c, json_t *root, json_t *outer, kn_model_config *cfg) {
+    json_t *q = NULL;
+    const char *keys[] = {"quantization", "quantization_config"};
+    for (int i = 0; i < 2 && !q; i++) {
+        q = json_object_get(root, keys[i]);
+        if (!q && outer != root) q = json_object_get(outer, keys[i]);
+        if (q && json_is_null(q)) q = NULL;
+    }
+    if (!q) return 0;
+    if (!json_is_object(q)) {
+        c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: \"quantization\" must be an object", c->where);
+        return -1;
+    }
+    json_t *method = json_object_get(q, "quant_method");
+    json_t *mode = json_object_get(q, "mode");
+    if ((method && !json_is_null(method)) || (mode && !(json_is_string(mode) && !strcmp(json_string_value(mode), "affine")))) {
+        const char *name = json_string_value(method ? method : mode);
+        c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
+                          "%s: quantization method \"%s\" is not supported (only MLX affine: bits/group_size)", c->where,
+                          name ? name : "?");
+        return -1;
+    }
+    if (parse_quant_pair(c, q, "quantization", &cfg->quant_bits, &cfg->quant_group_size)) return -1;
+    const char *key;
+    json_t *v;
+    json_object_foreach(q, key, v) {
+        if (json_is_false(v)) {
+            cfg->quant_n_overrides++;
+            continue;
+        }
+        if (!json_is_object(v)) continue; /* bits, group_size, mode */
+        int b, g;
+        if (parse_quant_pair(c, v, key, &b, &g)) return -1;
+        cfg->quant_n_overrides++;
+    }
+    return 0;
+}
+
 static int parse_family(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     const kn_arch a = cfg->arch;
     cfg->mlp_gated = 1;
@@ -672,6 +730,7 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
         goto done;
     }
     if (parse_layer_windows(&c, root, cfg) || parse_layer_shapes(&c, root, cfg)) goto fail;
+    if (parse_quantization(&c, root, outer, cfg)) goto fail;
     const char *td = json_string_value(json_object_get(root, "torch_dtype"));
     if (!td) td = json_string_value(json_object_get(root, "dtype"));
     if (!td) td = json_string_value(json_object_get(outer, "torch_dtype"));

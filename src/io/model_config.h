@@ -123,6 +123,10 @@ typedef struct {
     char wrapper_type[32];
     char ignored_configs[128];
     char torch_dtype[16];
+    /* MLX affine weight quantization ("quantization" / "quantization_config"):
+     * default bits and group size (0 = not quantized) and the number of
+     * per-module overrides; tensors' own shapes give each module's values. */
+    int quant_bits, quant_group_size, quant_n_overrides;
     /* generation_config.json */
     int bos_token_id; /* -1 = none */
     int n_eos;

@@ -317,13 +317,10 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
         if (c->has_local_rope && (rc = build_rope(m, &c->rope_local, hd_local, &m->rope_local, err))) goto fail;
     }
 
-    const kn_st_tensor *emb = src->find(src->ctx, "model.embed_tokens.weight");
-    if (!emb) { rc = kn_fail(err, KN_ERR_FORMAT, "checkpoint is missing tensor model.embed_tokens.weight"); goto fail; }
-    if ((rc = ld_check_float(emb, "model.embed_tokens.weight", err)) ||
-        (rc = ld_check_shape(emb, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, err)) ||
-        (rc = kn_be_weight_load(be, emb->dtype, c->vocab_size, c->hidden_size, emb->data, src->outlives_model,
-                                &m->embed, err)))
-        goto fail;
+    /* plain or MLX-quantized (embed_tokens.scales/.biases); a tied head then
+     * multiplies by the quantized table too */
+    ld_part ep[] = {{"model.embed_tokens.weight", c->vocab_size}};
+    if ((rc = ld_load_fused(m, src, 0, ep, 1, c->hidden_size, NULL, &m->embed, err))) goto fail;
     const kn_st_tensor *head = src->find(src->ctx, "lm_head.weight");
     if (head && !c->tie_word_embeddings) {
         ld_part hp[] = {{"lm_head.weight", c->vocab_size}};
@@ -414,9 +411,15 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
             m->kvl[l].head_dim = m->layers[l].head_dim;
         }
     }
+    char wdesc[48];
+    if (m->embed.bits || m->layers[0].qkv.bits) {
+        const kn_weight *qw = m->layers[0].qkv.bits ? &m->layers[0].qkv : &m->embed;
+        snprintf(wdesc, sizeof wdesc, "%d-bit g%d MLX-quantized", qw->bits, qw->group_size);
+    } else
+        snprintf(wdesc, sizeof wdesc, "%s", kn_dtype_name(m->embed.dtype));
     int n = snprintf(m->desc, sizeof m->desc, "%s: %d layers, hidden %d, heads %d/%d x %d, ffn %d, vocab %d, %s weights",
                      c->model_type, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads, c->head_dim,
-                     c->intermediate_size, c->vocab_size, kn_dtype_name(m->embed.dtype));
+                     c->intermediate_size, c->vocab_size, wdesc);
     if (c->n_experts > 0 && n > 0 && (size_t)n < sizeof m->desc)
         snprintf(m->desc + n, sizeof m->desc - (size_t)n, ", %d experts (top %d, ffn %d)%s", c->n_experts,
                  c->n_experts_per_tok, c->moe_intermediate_size, c->shared_expert_intermediate_size ? " + shared" : "");
@@ -427,7 +430,7 @@ fail:
     return rc;
 }
 
-static int64_t wbytes(const kn_weight *w) { return w->data ? w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype) : 0; }
+static int64_t wbytes(const kn_weight *w) { return kn_weight_bytes(w); }
 
 int64_t kn_model_weight_bytes(const kn_model *m) {
     int64_t b = 0;
@@ -551,7 +554,7 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
             .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
             .pos = m->d_pos, .seq = m->d_seq, .block_tables = m->d_bt, .max_blocks = m->max_blocks,
             .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
-            .compute_dtype = L->qkv.dtype,
+            .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
         };
         op->attention(be, &a);
         project_residual(m, m->attn, n, &L->o, L->o_bias, L->post_attn_norm);

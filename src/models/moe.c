@@ -188,7 +188,7 @@ void kn_moe_forward(kn_model *m, const kn_layer *L, const float *xn, int n, floa
     op->sigmoid_gate_add(be, out, m->tmp2, m->shared_g, n, H);
 }
 
-static int64_t wbytes(const kn_weight *w) { return w->data ? w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype) : 0; }
+static int64_t wbytes(const kn_weight *w) { return kn_weight_bytes(w); }
 
 int64_t kn_moe_active_bytes(const kn_model *m, const kn_layer *L) {
     const kn_model_config *c = &m->cfg;

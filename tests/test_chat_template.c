@@ -205,6 +205,8 @@ static void test_cases(void) {
         kn_chat_template_free(t);
     }
     printf("jinja semantics cases: %zu agree, %zu differ, %zu without an oracle result yet\n", n_ok, n_bad, n_unrecorded);
+    /* every case must have its transformers-recorded result: rerun gen_templates.py after adding one */
+    CHECK(n_unrecorded == 0, "%zu semantics cases have no oracle result", n_unrecorded);
     CHECK(n_ok > 100, "too few semantics cases checked (%zu)", n_ok);
     json_decref(empty);
 out:

@@ -89,6 +89,9 @@ static void test_renderings(void) {
     }
     const char *renderer = json_string_value(json_object_get(exp, "renderer"));
     printf("renderings recorded by: %s\n", renderer ? renderer : "?");
+    /* expectations must come from the oracle, not from the --local dev aid */
+    CHECK(getenv("KILN_TEMPLATE_EXPECTED") || (renderer && !strncmp(renderer, "transformers ", 13)),
+          "expected renderings were not recorded by transformers (%s)", renderer ? renderer : "?");
     json_t *rows = json_object_get(exp, "results");
     size_t n_ok = 0, n_err = 0, n_bad = 0, i;
     json_t *row;
@@ -163,6 +166,9 @@ static void test_cases(void) {
     json_t *cases = load(tdir, "jinja_cases.json"), *exp = load(edir, "jinja_cases_expected.json");
     CHECK(cases && exp, "jinja case fixtures missing");
     if (!cases || !exp) goto out;
+    const char *renderer = json_string_value(json_object_get(exp, "renderer"));
+    CHECK(getenv("KILN_TEMPLATE_EXPECTED") || (renderer && !strncmp(renderer, "transformers ", 13)),
+          "semantics results were not recorded by transformers (%s)", renderer ? renderer : "?");
     json_t *empty = json_array();
     size_t n_ok = 0, n_bad = 0, n_unrecorded = 0, i;
     json_t *c;

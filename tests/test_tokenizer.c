@@ -9,6 +9,7 @@
  *    against their recorded ids and decodes (tok_check.h). */
 #include "tok_check.h"
 
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,8 +38,13 @@ static void test_errors(void) {
     expect_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": {\"a\": 0}}}", KN_ERR_FORMAT, "Unigram");
     expect_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", 0.0]], \"unk_id\": 5}}", KN_ERR_FORMAT, "unk_id");
     expect_error("{\"model\": {\"type\": \"Frobnicate\", \"vocab\": {}}}", KN_ERR_UNSUPPORTED, "Frobnicate");
-    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"\"}}",
-                 KN_ERR_UNSUPPORTED, "Precompiled");
+    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Fancy\"}}", KN_ERR_UNSUPPORTED, "Fancy");
+    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"!!\"}}",
+                 KN_ERR_FORMAT, "base64");
+    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"AAAA\"}}",
+                 KN_ERR_FORMAT, "Precompiled");
+    expect_error("{" BPE_MODEL ", \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"/////w==\"}}",
+                 KN_ERR_FORMAT, "trie size");
     expect_error("{" BPE_MODEL ", \"pre_tokenizer\": {\"type\": \"UnicodeScripts\"}}", KN_ERR_UNSUPPORTED, "UnicodeScripts");
     expect_error("{" BPE_MODEL ", \"decoder\": {\"type\": \"CTC\"}}", KN_ERR_UNSUPPORTED, "CTC");
     expect_error("{" BPE_MODEL ", \"post_processor\": {\"type\": \"Wobble\"}}", KN_ERR_UNSUPPORTED, "Wobble");
@@ -93,6 +99,27 @@ static void test_errors(void) {
     CHECK(kn_tokenizer_load(tmp, &t, &err) == KN_ERR_FORMAT && strstr(err.msg, tmp), "truncated file: %s", err.msg);
     unlink(p);
     rmdir(tmp);
+}
+
+/* Added tokens get ids as HF add_tokens assigns them: the vocab's id when the
+ * string is in the vocab, else the next id after the vocab, whatever the
+ * JSON "id" says (HF only warns). */
+static void test_added_ids(void) {
+    const char *js = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+                     " \"added_tokens\": [{\"id\": 7, \"content\": \"<x>\", \"special\": true},"
+                     " {\"id\": 9, \"content\": \"b\", \"special\": false},"
+                     " {\"id\": 3, \"content\": \"<y>\", \"special\": false}]}";
+    kn_tokenizer *t;
+    kn_error err = {0};
+    if (load_str(js, &t, &err)) {
+        CHECK(0, "added ids: %s", err.msg);
+        return;
+    }
+    CHECK(kn_tokenizer_token_id(t, "<x>") == 2 && kn_tokenizer_token_id(t, "b") == 1 &&
+              kn_tokenizer_token_id(t, "<y>") == 3 && kn_tokenizer_vocab_size(t) == 4,
+          "added ids: <x>=%d b=%d <y>=%d size=%d", kn_tokenizer_token_id(t, "<x>"), kn_tokenizer_token_id(t, "b"),
+          kn_tokenizer_token_id(t, "<y>"), kn_tokenizer_vocab_size(t));
+    kn_tokenizer_free(t);
 }
 
 /* A byte-level tokenizer with one id per byte, a few merges, a special token
@@ -204,8 +231,63 @@ static void test_api(void) {
     kn_tokenizer_free(t);
 }
 
+/* One kn_tokenizer shared by several threads gives every thread the ids a
+ * single thread gets (the tokenizer is immutable; scratch is per call). */
+typedef struct {
+    const kn_tokenizer *t;
+    const char *text;
+    size_t len;
+    const int32_t *want;
+    int n_want;
+    int ok;
+} thread_job;
+
+static void *thread_encode(void *arg) {
+    thread_job *j = arg;
+    j->ok = 1;
+    for (int r = 0; r < 50 && j->ok; r++) {
+        int32_t *ids;
+        int n;
+        kn_error err;
+        if (kn_tokenizer_encode(j->t, j->text, j->len, r & 1, &ids, &n, &err)) {
+            j->ok = 0;
+            break;
+        }
+        int off = r & 1; /* the template adds one id in front */
+        j->ok = n == j->n_want + off && !memcmp(ids + off, j->want, sizeof *ids * (size_t)j->n_want);
+        free(ids);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    kn_tokenizer *t = byte_tokenizer();
+    if (!t) return;
+    static const char text[] = "the hello there, \xe4\xb8\xad\xe6\x96\x87 <|s|> text   with  spaces\n\n and more the the";
+    int32_t *want;
+    int n_want;
+    kn_error err;
+    if (kn_tokenizer_encode(t, text, sizeof text - 1, 0, &want, &n_want, &err)) {
+        CHECK(0, "encode: %s", err.msg);
+        kn_tokenizer_free(t);
+        return;
+    }
+    pthread_t th[4];
+    thread_job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (thread_job){t, text, sizeof text - 1, want, n_want, 0};
+        pthread_create(&th[i], NULL, thread_encode, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(jobs[i].ok, "thread %d got different ids", i);
+    }
+    free(want);
+    kn_tokenizer_free(t);
+}
+
 static const char *const tiny_names[] = {"tiny_bytelevel", "tiny_spm", "tiny_legacy_spm", "tiny_suffix", "spm_bpe", "spm_unigram", "tiny_unigram",
-                                         "tiny_split",     "tiny_wordpiece", "tiny_wordlevel"};
+                                         "tiny_split", "tiny_wordpiece", "tiny_wordlevel", "tiny_precompiled", "tiny_added_ids"};
 
 static void test_tiny(void) {
     json_t *corpus = tok_load_corpus();
@@ -237,7 +319,7 @@ static void test_tiny(void) {
             continue;
         }
         if (exp) {
-            int f = tok_check_all(t, tiny_names[i], exp, corpus);
+            int f = tok_check_all(t, tiny_names[i], exp, corpus, 0);
             printf("%-16s %zu cases, %d failures\n", tiny_names[i], json_array_size(json_object_get(exp, "cases")), f);
         }
         json_decref(exp);
@@ -250,6 +332,8 @@ static void test_tiny(void) {
 int main(void) {
     test_errors();
     test_api();
+    test_added_ids();
+    test_threads();
     test_tiny();
     return kn_test_done("test_tokenizer");
 }

@@ -59,7 +59,7 @@ int main(void) {
             continue;
         }
         double load_s = now() - t0;
-        int f = tok_check_all(t, tname, exp, corpus);
+        int f = tok_check_all(t, tname, exp, corpus, 1);
         printf("%-12s %zu cases + %zu random decodes, load %.2fs, %d failures\n", tname,
                json_array_size(json_object_get(exp, "cases")), json_array_size(json_object_get(exp, "random_decode")),
                load_s, f);

@@ -154,8 +154,10 @@ static void check_stream(const kn_tokenizer *t, const char *tname, const char *c
 }
 
 /* Check t against expectations exp (gen_tokenizer.py format) for the corpus
- * cases; returns the number of failures. */
-static int tok_check_all(const kn_tokenizer *t, const char *tname, const json_t *exp, const json_t *corpus) {
+ * cases it lists (matched by name); require_all: every corpus case must be
+ * there. Returns the number of failures. */
+static int tok_check_all(const kn_tokenizer *t, const char *tname, const json_t *exp, const json_t *corpus,
+                         int require_all) {
     fails_here = 0;
     const json_t *vs = json_object_get(exp, "vocab_size");
     if (json_is_integer(vs) && kn_tokenizer_vocab_size(t) != json_integer_value(vs)) {
@@ -164,17 +166,22 @@ static int tok_check_all(const kn_tokenizer *t, const char *tname, const json_t 
     }
     const json_t *cases = json_object_get(exp, "cases");
     const json_t *texts = json_object_get(corpus, "cases");
-    CHECK(json_array_size(cases) == json_array_size(texts), "%s: %zu expectations for %zu corpus strings", tname,
-          json_array_size(cases), json_array_size(texts));
-    for (size_t i = 0; i < json_array_size(cases) && i < json_array_size(texts); i++) {
-        const json_t *c = json_array_get(cases, i), *src = json_array_get(texts, i);
+    if (require_all ? json_array_size(cases) != json_array_size(texts) : json_array_size(cases) < 10) {
+        CHECK(0, "%s: %zu expectations for %zu corpus strings", tname, json_array_size(cases), json_array_size(texts));
+        fails_here++;
+    }
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        const json_t *c = json_array_get(cases, i), *src = NULL;
         const char *cname = json_string_value(json_object_get(c, "name"));
-        const json_t *tx = json_object_get(src, "text");
-        if (!cname || strcmp(cname, json_string_value(json_object_get(src, "name")))) {
-            CHECK(0, "%s: case %zu is not corpus case %zu", tname, i, i);
+        for (size_t k = 0; cname && k < json_array_size(texts) && !src; k++)
+            if (!strcmp(cname, json_string_value(json_object_get(json_array_get(texts, k), "name"))))
+                src = json_array_get(texts, k);
+        if (!src) {
+            CHECK(0, "%s: expectation %zu (%s) is not a corpus case", tname, i, cname ? cname : "?");
             fails_here++;
             continue;
         }
+        const json_t *tx = json_object_get(src, "text");
         const char *text = json_string_value(tx);
         size_t len = json_string_length(tx);
         check_encode(t, tname, cname, text, len, 0, json_object_get(c, "ids"));

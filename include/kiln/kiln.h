@@ -43,6 +43,8 @@ typedef struct {
     const char *backend; /* "cpu" (default) */
     int n_threads;       /* 0 = all cores */
     int max_context;     /* 0 = min(config max_position_embeddings, 8192) */
+    double gpu_memory;   /* fraction of GPU memory to use (weights + KV + scratch); 0 = 0.9 */
+    int max_seqs;        /* sequences one forward may mix (serving batch); 0 = 1 */
 } kn_model_options;
 
 /* Open a model directory in HF layout (config.json + *.safetensors). */

@@ -13,9 +13,11 @@ int kn_cmd_transcribe(int argc, char **argv);
 int kn_cmd_tokenize(int argc, char **argv);
 int kn_cmd_detokenize(int argc, char **argv);
 int kn_cmd_template(int argc, char **argv);
+int kn_cmd_quantize(int argc, char **argv);
 
 /* `kiln run` with text (-p PROMPT / --chat) on an opened model; exit code. */
 int kn_run_text(kn_model *m, const char *dir, const char *prompt, int chat, const kn_sampling *s);
+int kn_cmd_serve(int argc, char **argv);
 
 /* Print "kiln: <message>" and return 1. */
 int kn_cli_error(const kn_error *err);
@@ -26,6 +28,7 @@ typedef struct {
     const char *backend;
     int n_threads;
     const char *kv;
+    double gpu_memory; /* --gpu-memory fraction; 0 = the library default */
 } kn_cli_common;
 
 /* Try to consume a common option at argv[*i]; 1 = consumed, 0 = not ours, -1 = error printed. */

@@ -160,6 +160,7 @@ int kn_cmd_bench(int argc, char **argv) {
             kn_synthetic_free(syn);
             return kn_cli_error(&err);
         }
+        be->memory_fraction = common.gpu_memory;
         kn_tensor_source src = kn_synthetic_source(syn);
         if ((rc = kn_model_build(&cfg, &src, be, ctx, (int)batch, &m, &err))) {
             kn_synthetic_free(syn);
@@ -170,7 +171,8 @@ int kn_cmd_bench(int argc, char **argv) {
         if (batch != 1) return kn_cli_usage_error("bench MODEL: --batch > 1 needs --synthetic in this build");
         char dir[4096];
         if ((rc = kn_resolve_model_path(model, dir, sizeof dir, &err))) return kn_cli_error(&err);
-        kn_model_options o = {.backend = common.backend, .n_threads = common.n_threads, .max_context = ctx};
+        kn_model_options o = {.backend = common.backend, .n_threads = common.n_threads, .max_context = ctx,
+                              .gpu_memory = common.gpu_memory};
         if ((rc = kn_model_open(dir, &o, &m, &err))) return kn_cli_error(&err);
         snprintf(label, sizeof label, "%s", dir);
     }

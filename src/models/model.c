@@ -99,6 +99,7 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
         kn_st_close(st);
         return rc;
     }
+    be->memory_fraction = o.gpu_memory;
     int ctx = o.max_context > 0 ? o.max_context : cfg.max_position_embeddings;
     if (o.max_context <= 0 && ctx > 16384) ctx = 16384;
     if (be->max_positions > 0 && ctx > be->max_positions) {
@@ -113,7 +114,7 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
     }
     kn_tensor_source src = {.find = view_find, .ctx = &view, .outlives_model = 1};
     kn_model *m;
-    if ((rc = kn_model_build(&cfg, &src, be, ctx, 1, &m, err))) {
+    if ((rc = kn_model_build(&cfg, &src, be, ctx, o.max_seqs > 0 ? o.max_seqs : 1, &m, err))) {
         free(view.used);
         kn_st_close(st);
         return kn_fail_wrap(err, "%s", dir);

@@ -297,8 +297,6 @@ static kn_code bpe_word(const struct kn_tokenizer *t, kn_tok_ctx *c, const char 
             if (a->next >= 0) sym[a->next].prev = (int32_t)top.pos;
             /* each merge adds at most two entries; keep room */
             if (h.n + 2 > c->heap_cap) {
-                size_t off = 0;
-                (void)off;
                 if (ctx_grow(&c->heap, &c->heap_cap, h.n + 2, sizeof(merge_ent))) goto nomem;
                 h.v = c->heap;
             }

@@ -53,15 +53,22 @@ static int sort_key(jctx *c, jv v, int case_sensitive, jv *out) {
     return 0;
 }
 
-/* stable merge sort of idx[] by keys[] */
-static int msort(jctx *c, jv *keys, size_t *idx, size_t *tmp, size_t n, int reverse) {
+/* stable merge sort of idx[] by keys[]; eq_first: keys compare like
+ * one-element lists (jinja2's multi-attribute getter), so equal keys never
+ * reach `<` (two Undefined keys are equal) */
+static int msort(jctx *c, jv *keys, size_t *idx, size_t *tmp, size_t n, int reverse, int eq_first) {
     if (n < 2) return 0;
     size_t h = n / 2;
-    if (msort(c, keys, idx, tmp, h, reverse) || msort(c, keys, idx + h, tmp, n - h, reverse)) return -1;
+    if (msort(c, keys, idx, tmp, h, reverse, eq_first) || msort(c, keys, idx + h, tmp, n - h, reverse, eq_first)) return -1;
     size_t i = 0, j = h, k = 0;
     while (i < h && j < n) {
-        int cmp;
-        if (jv_compare(c, keys[idx[j]], keys[idx[i]], &cmp)) return -1;
+        int cmp = 0;
+        if (eq_first && jv_equal(keys[idx[j]], keys[idx[i]])) cmp = 0;
+        else if (keys[idx[j]].t == JV_UNDEF || keys[idx[i]].t == JV_UNDEF)
+            return jfail(c, "%s", keys[idx[j]].t == JV_UNDEF && keys[idx[j]].undef_hint ? keys[idx[j]].undef_hint
+                                 : keys[idx[i]].t == JV_UNDEF && keys[idx[i]].undef_hint ? keys[idx[i]].undef_hint
+                                                                                         : "value is undefined");
+        else if (jv_compare(c, keys[idx[j]], keys[idx[i]], &cmp)) return -1;
         if (reverse) cmp = -cmp;
         if (cmp < 0) tmp[k++] = idx[j++];
         else tmp[k++] = idx[i++];
@@ -84,7 +91,7 @@ static int sort_items(jctx *c, jlist *items, jv attr, int case_sensitive, int re
         if (sort_key(c, k, case_sensitive, &keys[i])) return -1;
         idx[i] = i;
     }
-    if (msort(c, keys, idx, tmp, n, reverse)) return -1;
+    if (msort(c, keys, idx, tmp, n, reverse, attr.t == JV_STR)) return -1;
     jlist *l = jlist_new(c, n);
     if (!l) return -1;
     for (size_t i = 0; i < n; i++) l->v[i] = items->v[idx[i]];
@@ -347,7 +354,7 @@ static int f_float(jctx *c, jv v, const jargs *a, jv *out) {
 /* Python printf-style formatting: %[flags][width][.precision]conv with
  * conv in s r d i u f F e E g G x X o c %. Used by the format filter and by
  * `str % args`. Mapping keys (%(name)s) are not supported. */
-int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, jv *out) {
+int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, int allow_unused, jv *out) {
     jv s;
     if (soft_str(c, fmtv, &s)) return -1;
     jbuf b = {0};
@@ -421,7 +428,7 @@ int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, jv *out) {
         }
         rc = jbuf_puts(c, &b, num);
     }
-    if (!rc && ai < n_args) rc = jfail(c, "not all arguments converted during string formatting");
+    if (!rc && ai < n_args && !allow_unused) rc = jfail(c, "not all arguments converted during string formatting");
     if (!rc) *out = jv_str(c, b.p ? b.p : "", b.n);
     free(b.p);
     return rc || c->failed ? -1 : 0;
@@ -429,7 +436,7 @@ int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, jv *out) {
 
 static int f_format(jctx *c, jv v, const jargs *a, jv *out) {
     if (a->n_kw) return jfail(c, "format filter with keyword arguments is not supported by kiln");
-    return kn_jinja_printf(c, v, a->pos, a->n_pos, out);
+    return kn_jinja_printf(c, v, a->pos, a->n_pos, 0, out);
 }
 
 static int f_indent(jctx *c, jv v, const jargs *a, jv *out) {
@@ -860,7 +867,10 @@ static int f_truncate(jctx *c, jv v, const jargs *a, jv *out) {
     int64_t length = 255, leeway = 5;
     if (v.t != JV_STR) { /* jinja2 calls len() on the value itself */
         if (v.t != JV_LIST && v.t != JV_DICT && v.t != JV_UNDEF) return jfail(c, "object of type '%s' has no len()", jv_type_name(v));
-        if (v.t == JV_UNDEF) return undef_err(c, v);
+        if (v.t == JV_UNDEF) { /* len(Undefined) == 0: returned as is */
+            *out = v;
+            return 0;
+        }
         int64_t len = (int64_t)(v.t == JV_LIST ? v.l->n : v.d->n), ln = 255, lwv = 5;
         if (lv.t == JV_INT) ln = lv.i;
         if (lw.t == JV_INT) lwv = lw.i;
@@ -923,6 +933,46 @@ static int f_urlencode(jctx *c, jv v, const jargs *a, jv *out) {
     return rc || c->failed ? -1 : 0;
 }
 
+/* jinja2 do_groupby(value, attribute, default=None, case_sensitive=False):
+ * sorted by the key, consecutive equal keys grouped into (key, [items]) */
+static int f_groupby(jctx *c, jv v, const jargs *a, jv *out) {
+    jv attr, dflt = jv_undef(NULL), cs = jv_bool(0);
+    if (!jarg(a, 0, "attribute", &attr)) return jfail(c, "groupby() needs an attribute");
+    int has_default = jarg(a, 1, "default", &dflt);
+    jarg(a, 2, "case_sensitive", &cs);
+    jlist *l, *r;
+    if (seq_items(c, v, &l) || !(r = jlist_new(c, 0))) return -1;
+    size_t n = l->n;
+    jv *keys = jarena_alloc(&c->arena, (n + 1) * sizeof(jv)), *raw = jarena_alloc(&c->arena, (n + 1) * sizeof(jv));
+    size_t *idx = jarena_alloc(&c->arena, (n + 1) * sizeof(size_t)), *tmp = jarena_alloc(&c->arena, (n + 1) * sizeof(size_t));
+    if (!keys || !raw || !idx || !tmp) return joom(c);
+    for (size_t i = 0; i < n; i++) {
+        jv k;
+        if (get_attr_or_item(c, l->v[i], attr, &k)) return -1;
+        if (k.t == JV_UNDEF && has_default) k = dflt;
+        raw[i] = k;
+        if (sort_key(c, k, jv_truthy(cs), &keys[i])) return -1;
+        idx[i] = i;
+    }
+    if (msort(c, keys, idx, tmp, n, 0, 0)) return -1;
+    for (size_t i = 0; i < n;) {
+        jlist *items = jlist_new(c, 0), *pair = jlist_new(c, 2);
+        if (!items || !pair) return -1;
+        size_t j = i;
+        while (j < n && jv_equal(keys[idx[j]], keys[idx[i]])) {
+            if (jlist_push(c, items, l->v[idx[j]])) return -1;
+            j++;
+        }
+        pair->v[0] = jv_truthy(cs) ? keys[idx[i]] : raw[idx[i]];
+        pair->v[1] = list_val(items, 0);
+        pair->n = 2;
+        if (jlist_push(c, r, list_val(pair, 1))) return -1;
+        i = j;
+    }
+    *out = list_val(r, 0);
+    return 0;
+}
+
 /* jinja2 do_batch(value, linecount, fill_with=None): a generator of lists */
 static int f_batch(jctx *c, jv v, const jargs *a, jv *out) {
     jv nv, fill = jv_none();
@@ -968,7 +1018,7 @@ static const fdef filters[] = {
     {"sum", f_sum}, {"title", f_title}, {"tojson", f_tojson}, {"trim", f_trim}, {"unique", f_unique},
     {"upper", f_upper}, {"wordcount", f_wordcount},
     /* jinja2 built-ins kiln does not implement */
-    {"batch", f_batch}, {"filesizeformat", f_unsupported}, {"groupby", f_unsupported},
+    {"batch", f_batch}, {"filesizeformat", f_unsupported}, {"groupby", f_groupby},
     {"pprint", f_unsupported}, {"random", f_unsupported}, {"slice", f_unsupported}, {"striptags", f_unsupported},
     {"truncate", f_truncate}, {"urlencode", f_urlencode}, {"urlize", f_unsupported},
     {"wordwrap", f_unsupported}, {"xmlattr", f_unsupported},
@@ -1060,7 +1110,7 @@ int kn_jinja_apply_test(jctx *c, const char *name, jv v, const jargs *a, int *ou
     else if (IS("string")) *out = v.t == JV_STR;
     else if (IS("mapping")) *out = v.t == JV_DICT;
     else if (IS("iterable")) *out = v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF;
-    else if (IS("sequence")) *out = v.t == JV_STR || jv_is_seq(v) || v.t == JV_DICT;
+    else if (IS("sequence")) *out = v.t == JV_STR || jv_is_seq(v) || v.t == JV_DICT || v.t == JV_UNDEF; /* len() and __getitem__ exist */
     else if (IS("callable")) *out = v.t == JV_MACRO || v.t == JV_FUNC || v.t == JV_UNDEF; /* Undefined has __call__ */
     else if (IS("escaped")) *out = 0;
     else if (IS("lower") || IS("upper")) { /* str(value).islower() / .isupper() */

@@ -18,10 +18,6 @@ struct jscope {
     jdict *vars;
 };
 
-struct jmacro {
-    const jnode *def; /* N_MACRO (params, defaults, body in b) */
-    jscope *closure;
-};
 
 static int eval(jctx *c, jscope *s, const jnode *n, jv *out);
 static int exec(jctx *c, jscope *s, const jnode *n);
@@ -137,6 +133,8 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         return rc || c->failed ? -1 : 0;
     }
     if (a.t == JV_UNDEF) return undef_error(c, a);
+    if (op == OP_MOD && a.t == JV_STR && b.t == JV_UNDEF) /* Undefined has __getitem__: a mapping to Python's % */
+        return kn_jinja_printf(c, a, &b, 1, 1, out);
     if (b.t == JV_UNDEF) return undef_error(c, b);
     switch (op) {
     case OP_ADD:
@@ -205,12 +203,9 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
     case OP_MOD:
         if (!is_num(a) || !is_num(b)) {
             if (op == OP_MOD && a.t == JV_STR) {
-                if (jv_is_seq(b) && b.l->is_tuple) return kn_jinja_printf(c, a, b.l->v, (int)b.l->n, out);
-                if (b.t == JV_DICT && !memchr(a.s->s, '%', a.s->len)) { /* a mapping argument may go unused */
-                    *out = a;
-                    return 0;
-                }
-                return kn_jinja_printf(c, a, &b, 1, out);
+                if (jv_is_seq(b) && b.l->is_tuple) return kn_jinja_printf(c, a, b.l->v, (int)b.l->n, 0, out);
+                /* Python treats other subscriptable arguments (list, dict) as a mapping that may go unused */
+                return kn_jinja_printf(c, a, &b, 1, jv_is_seq(b) || b.t == JV_DICT, out);
             }
             return unsupported(c, op, a, b);
         }
@@ -280,6 +275,8 @@ static int contains(jctx *c, jv hay, jv needle, int *res) {
     case JV_DICT:
     case JV_NS: {
         jv tmp;
+        if ((needle.t == JV_LIST && !needle.l->is_tuple) || needle.t == JV_DICT)
+            return jfail(c, "unhashable type: '%s'", jv_type_name(needle));
         *res = jdict_get(hay.d, needle, &tmp);
         c->ops += hay.d->n;
         return 0;
@@ -501,6 +498,12 @@ static int eval(jctx *c, jscope *s, const jnode *n, jv *out) {
                 break;
             }
             c->line = n->line;
+            if ((n->op & 1) && a.t != JV_STR && a.t != JV_UNDEF && !jv_is_seq(a)) {
+                /* jinja2 folds constant subscripts at compile time through environment.getitem,
+                 * which turns the TypeError into an undefined */
+                *out = jv_undef("object is not subscriptable");
+                break;
+            }
             rc = do_slice(c, a, p[0], p[1], p[2], out);
             break;
         }

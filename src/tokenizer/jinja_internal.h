@@ -235,6 +235,10 @@ struct jfunc {
     const char *name;
     jv self;           /* bound object for methods */
 };
+struct jmacro {
+    const jnode *def; /* N_MACRO (name, params, defaults, body in b) */
+    struct jscope *closure;
+};
 struct jloop {
     const jlist *items;
     size_t index0;
@@ -248,7 +252,7 @@ int kn_jinja_str_case(jctx *c, jv s, int mode, jv *out);
 int kn_jinja_str_replace(jctx *c, jv s, jv old, jv rep, int64_t count, jv *out);
 int kn_jinja_is_space(uint32_t cp);
 /* Python `fmt % args` (printf-style subset) */
-int kn_jinja_printf(jctx *c, jv fmt, const jv *args, int n_args, jv *out);
+int kn_jinja_printf(jctx *c, jv fmt, const jv *args, int n_args, int allow_unused, jv *out);
 /* markupsafe.escape(): & < > " ' -> entities; result is Markup; Markup input is returned as is */
 int kn_jinja_html_escape(jctx *c, jv v, jv *out);
 /* a jinja2 attribute path "a.b.0" applied with getitem semantics */

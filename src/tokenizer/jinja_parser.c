@@ -288,6 +288,50 @@ static jnode *parse_subscribed(parser *P) {
     return s;
 }
 
+/* Would jinja2's optimizer fold this expression at compile time (as_const)?
+ * Conservative: literals and operators, filters and tests on constants
+ * (except the context filters map/select/reject/selectattr/rejectattr),
+ * attribute and item access on constants; never names or calls. */
+static int is_const(const jnode *n, int depth) {
+    if (!n) return 1;
+    if (depth > 100) return 0;
+    switch (n->kind) {
+    case E_CONST: return 1;
+    case E_LIST: case E_TUPLE: case E_DICT: case E_COMPARE:
+        if (n->kind == E_COMPARE && !is_const(n->a, depth + 1)) return 0;
+        for (int i = 0; i < n->n_kids; i++)
+            if (!is_const(n->kids[i], depth + 1)) return 0;
+        return 1;
+    case E_NEG: case E_POS: case E_NOT: case E_GETATTR: return is_const(n->a, depth + 1);
+    case E_BIN: case E_AND: case E_OR: case E_GETITEM: return is_const(n->a, depth + 1) && is_const(n->b, depth + 1);
+    case E_SLICE: return is_const(n->a, depth + 1) && is_const(n->b, depth + 1) && is_const(n->c, depth + 1);
+    case E_COND: return n->c && is_const(n->a, depth + 1) && is_const(n->b, depth + 1) && is_const(n->c, depth + 1);
+    case E_FILTER:
+        if (!n->a || !strcmp(n->name, "map") || !strcmp(n->name, "select") || !strcmp(n->name, "reject") ||
+            !strcmp(n->name, "selectattr") || !strcmp(n->name, "rejectattr"))
+            return 0;
+        /* fallthrough */
+    case E_TEST:
+        if (!is_const(n->a, depth + 1)) return 0;
+        for (int i = 0; i < n->n_kids; i++)
+            if (!is_const(n->kids[i], depth + 1)) return 0;
+        return 1;
+    default: return 0;
+    }
+}
+
+/* jinja2 folds a whole constant `{{ expr }}` at compile time through
+ * as_const, where a slice of a non-sequence becomes undefined instead of an
+ * error; mark the slices of such an expression. */
+static void mark_const_slices(jnode *n, int depth) {
+    if (!n || depth > 100) return;
+    if (n->kind == E_GETITEM && n->b && n->b->kind == E_SLICE) n->op = 1;
+    mark_const_slices(n->a, depth + 1);
+    mark_const_slices(n->b, depth + 1);
+    mark_const_slices(n->c, depth + 1);
+    for (int i = 0; i < n->n_kids; i++) mark_const_slices(n->kids[i], depth + 1);
+}
+
 static jnode *parse_postfix(parser *P, jnode *node) {
     for (;;) {
         jtok *t = cur(P);
@@ -957,6 +1001,7 @@ static jnode *parse_body(parser *P, const char *const *ends) {
             adv(P);
             if (!(n = nnew(P, N_OUTPUT, t->line))) return NULL;
             if (!(n->a = parse_tuple(P, 1, 0, NULL))) return NULL;
+            if (is_const(n->a, 0)) mark_const_slices(n->a, 0);
             if (cur(P)->type != T_VAR_END)
                 return pfail(P, "expected 'end of print statement', got '%s'", tok_desc(cur(P)));
             adv(P);

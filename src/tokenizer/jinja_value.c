@@ -486,7 +486,9 @@ int jv_write_repr(jctx *c, jbuf *b, jv v, int depth) {
                 return -1;
         }
         return jbuf_puts(c, b, v.t == JV_NS ? "}>" : "}");
-    case JV_MACRO: return jbuf_puts(c, b, "<Macro>");
+    case JV_MACRO:
+        if (jbuf_puts(c, b, "<Macro '") || jbuf_puts(c, b, v.m->def->name ? v.m->def->name : "")) return -1;
+        return jbuf_puts(c, b, "'>");
     case JV_FUNC:
         if (jbuf_puts(c, b, "<built-in method ") || jbuf_puts(c, b, v.fn->name)) return -1;
         return jbuf_puts(c, b, ">");

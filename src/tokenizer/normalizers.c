@@ -1,7 +1,9 @@
 /* normalizers.c — tokenizer.json "normalizer": NFC/NFD/NFKC/NFKD (utf8proc),
- * Lowercase, Strip, StripAccents, Replace, Prepend, BertNormalizer, ByteLevel
- * and Sequence, applied as HF `tokenizers` does (offsets are not tracked:
- * kiln needs ids, not alignments). An unknown type is a load error naming it. */
+ * Lowercase, Strip, StripAccents, Replace, Prepend, BertNormalizer, ByteLevel,
+ * Precompiled (SentencePiece's charsmap: a Darts double-array trie of rewrite
+ * rules, applied per grapheme cluster as `tokenizers` does) and Sequence,
+ * applied as HF `tokenizers` does (offsets are not tracked: kiln needs ids,
+ * not alignments). An unknown type is a load error naming it. */
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -22,6 +24,7 @@ typedef enum {
     N_PREPEND,
     N_BERT,
     N_BYTE_LEVEL,
+    N_PRECOMPILED,
 } norm_type;
 
 struct kn_normalizer {
@@ -32,6 +35,10 @@ struct kn_normalizer {
     kn_pattern pat;                                    /* Replace */
     char *content;                                     /* Replace content / Prepend string */
     int clean_text, chinese, strip_accents, lowercase; /* BertNormalizer */
+    uint32_t *trie;                                    /* Precompiled: double array */
+    size_t trie_n;
+    char *pool; /* Precompiled: NUL-separated replacement strings */
+    size_t pool_n;
 };
 
 void kn_normalizer_free(kn_normalizer *n) {
@@ -40,7 +47,105 @@ void kn_normalizer_free(kn_normalizer *n) {
     free(n->child);
     kn_pattern_free(&n->pat);
     free(n->content);
+    free(n->trie);
+    free(n->pool);
     free(n);
+}
+
+static int b64val(unsigned char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+/* Standard base64 with padding; NULL on malformed input. */
+static unsigned char *b64decode(const char *s, size_t n, size_t *out_n) {
+    if (n % 4) return NULL;
+    unsigned char *o = malloc(n / 4 * 3 + 1);
+    if (!o) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        int v[4];
+        for (int j = 0; j < 4; j++) {
+            unsigned char c = (unsigned char)s[i + j];
+            v[j] = c == '=' && i + 4 == n && j >= 2 ? 0 : b64val(c);
+            if (v[j] < 0) {
+                free(o);
+                return NULL;
+            }
+        }
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        o[k++] = (unsigned char)(w >> 16);
+        if (!(i + 4 == n && s[i + 2] == '=')) o[k++] = (unsigned char)(w >> 8);
+        if (!(i + 4 == n && s[i + 3] == '=')) o[k++] = (unsigned char)w;
+    }
+    *out_n = k;
+    return o;
+}
+
+static kn_code parse_precompiled(const json_t *j, kn_normalizer *n, kn_error *err) {
+    const json_t *v = json_object_get(j, "precompiled_charsmap");
+    size_t len;
+    unsigned char *blob = json_is_string(v) ? b64decode(json_string_value(v), json_string_length(v), &len) : NULL;
+    if (!blob) return kn_fail(err, KN_ERR_FORMAT, "normalizer Precompiled: precompiled_charsmap is not base64");
+    kn_code rc = KN_OK;
+    uint32_t trie_bytes = 0;
+    if (len < 4) rc = kn_fail(err, KN_ERR_FORMAT, "normalizer Precompiled: charsmap too short");
+    else {
+        memcpy(&trie_bytes, blob, 4); /* little-endian host assumed (x86-64, aarch64) */
+        if ((size_t)trie_bytes / 4 * 4 > len - 4 || trie_bytes < 4)
+            rc = kn_fail(err, KN_ERR_FORMAT, "normalizer Precompiled: trie size %u exceeds the charsmap", trie_bytes);
+    }
+    if (!rc) {
+        n->trie_n = trie_bytes / 4;
+        n->trie = malloc(n->trie_n * sizeof *n->trie);
+        n->pool_n = len - 4 - n->trie_n * 4;
+        n->pool = malloc(n->pool_n + 1);
+        if (!n->trie || !n->pool) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+        else {
+            memcpy(n->trie, blob + 4, n->trie_n * 4);
+            memcpy(n->pool, blob + 4 + n->trie_n * 4, n->pool_n);
+            n->pool[n->pool_n] = 0;
+            if (kn_utf8_valid_prefix(n->pool, n->pool_n) != n->pool_n)
+                rc = kn_fail(err, KN_ERR_FORMAT, "normalizer Precompiled: replacement strings are not UTF-8");
+        }
+    }
+    free(blob);
+    return rc;
+}
+
+/* Darts double-array unit fields */
+static inline int unit_leaf(uint32_t u) { return (u >> 8) & 1; }
+static inline uint32_t unit_value(uint32_t u) { return u & ((1u << 31) - 1); }
+static inline uint32_t unit_label(uint32_t u) { return u & ((1u << 31) | 0xFF); }
+static inline uint32_t unit_offset(uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); }
+
+/* First (shortest) key that is a prefix of s: its replacement, or NULL. */
+static const char *precompiled_transform(const kn_normalizer *n, const char *s, size_t len, size_t *out_len) {
+    size_t pos = 0;
+    if (!n->trie_n) return NULL;
+    uint32_t unit = n->trie[pos];
+    pos ^= unit_offset(unit);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!c) break;
+        pos ^= c;
+        if (pos >= n->trie_n) return NULL;
+        unit = n->trie[pos];
+        if (unit_label(unit) != c) return NULL;
+        pos ^= unit_offset(unit);
+        if (pos >= n->trie_n) return NULL;
+        if (unit_leaf(unit)) {
+            size_t at = unit_value(n->trie[pos]);
+            if (at > n->pool_n) return NULL;
+            *out_len = strnlen(n->pool + at, n->pool_n - at);
+            return n->pool + at;
+        }
+    }
+    return NULL;
 }
 
 static int jbool(const json_t *o, const char *k, int def) {
@@ -80,7 +185,10 @@ kn_code kn_normalizer_parse(const json_t *j, kn_normalizer **out, kn_error *err)
     else if (!strcmp(type, "Lowercase")) n->type = N_LOWERCASE;
     else if (!strcmp(type, "StripAccents")) n->type = N_STRIP_ACCENTS;
     else if (!strcmp(type, "ByteLevel")) n->type = N_BYTE_LEVEL;
-    else if (!strcmp(type, "Strip")) {
+    else if (!strcmp(type, "Precompiled")) {
+        n->type = N_PRECOMPILED;
+        if ((rc = parse_precompiled(j, n, err))) goto done;
+    } else if (!strcmp(type, "Strip")) {
         n->type = N_STRIP;
         n->left = jbool(j, "strip_left", 1);
         n->right = jbool(j, "strip_right", 1);
@@ -110,7 +218,7 @@ kn_code kn_normalizer_parse(const json_t *j, kn_normalizer **out, kn_error *err)
     } else {
         rc = kn_fail(err, KN_ERR_UNSUPPORTED,
                      "normalizer type \"%s\" is not supported (supported: Sequence, NFC, NFD, NFKC, NFKD, Lowercase, "
-                     "Strip, StripAccents, Replace, Prepend, BertNormalizer, ByteLevel)",
+                     "Strip, StripAccents, Replace, Prepend, BertNormalizer, ByteLevel, Precompiled)",
                      type);
         goto done;
     }
@@ -132,6 +240,9 @@ static kn_code put_cp(kn_tbuf *b, uint32_t cp) {
 }
 
 static kn_code unicode_form(int opts, const char *s, size_t len, kn_tbuf *out, kn_error *err) {
+    size_t i = 0;
+    while (i < len && (unsigned char)s[i] < 0x80) i++;
+    if (i == len) return put(out, s, len); /* ASCII is invariant under every normalization form */
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &dst, opts);
     if (r < 0) return kn_fail(err, KN_ERR_FORMAT, "unicode normalization: %s", utf8proc_errmsg(r));
@@ -204,9 +315,42 @@ static kn_code apply_bert(const kn_normalizer *n, kn_tok_ctx *c, const char *s, 
     return rc;
 }
 
+/* tokenizers' Precompiled::normalize: per extended grapheme cluster, a
+ * cluster shorter than 6 bytes is replaced whole when a key is a prefix of it;
+ * otherwise each character is replaced or kept. */
+static kn_code apply_precompiled(const kn_normalizer *n, const char *s, size_t len, kn_tbuf *out) {
+    size_t gs = 0;
+    utf8proc_int32_t state = 0;
+    while (gs < len) {
+        uint32_t cp, prev;
+        size_t ge = gs + (size_t)kn_utf8_decode(s + gs, len - gs, &prev);
+        state = 0;
+        while (ge < len) {
+            int l = kn_utf8_decode(s + ge, len - ge, &cp);
+            if (utf8proc_grapheme_break_stateful((utf8proc_int32_t)prev, (utf8proc_int32_t)cp, &state)) break;
+            prev = cp;
+            ge += (size_t)l;
+        }
+        size_t rl;
+        const char *r;
+        if (ge - gs < 6 && (r = precompiled_transform(n, s + gs, ge - gs, &rl))) {
+            if (put(out, r, rl)) return KN_ERR_NOMEM;
+        } else
+            for (size_t i = gs; i < ge;) {
+                size_t l = (size_t)kn_utf8_decode(s + i, ge - i, &cp);
+                r = precompiled_transform(n, s + i, l, &rl);
+                if (r ? put(out, r, rl) : put(out, s + i, l)) return KN_ERR_NOMEM;
+                i += l;
+            }
+        gs = ge;
+    }
+    return KN_OK;
+}
+
 static kn_code apply_one(const kn_normalizer *n, kn_tok_ctx *c, const char *s, size_t len, kn_tbuf *out,
                          kn_error *err) {
     switch (n->type) {
+    case N_PRECOMPILED: return apply_precompiled(n, s, len, out);
     case N_SEQUENCE: {
         kn_tbuf cur = {0}, next = {0};
         kn_code rc = put(&cur, s, len);

@@ -142,7 +142,7 @@ typedef struct kn_tok_ctx {
     kn_ids cache_ids;
     uint64_t *cache_slot; /* hash of key << 32 | entry index + 1 */
     uint32_t *cache_entry; /* 4 per entry: key off, key len, ids off, ids n */
-    size_t cache_cap, cache_n, cache_entry_cap;
+    size_t cache_cap, cache_n;
 } kn_tok_ctx;
 
 int kn_tok_ctx_init(kn_tok_ctx *c);

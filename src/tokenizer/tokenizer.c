@@ -62,6 +62,9 @@ static kn_code alloc_ids(kn_tokenizer *t, int64_t max_id, size_t n_vocab, size_t
     if ((size_t)max_id > 16 * (n_vocab + n_added) + 65536)
         return kn_fail(err, KN_ERR_FORMAT, "tokenizer.json: ids are implausibly sparse (max id %lld for %zu tokens)",
                        (long long)max_id, n_vocab + n_added);
+    /* added tokens outside the vocab get ids from n_vocab on (HF add_tokens), so
+     * leave room for them; load_added sets the final n_ids */
+    if ((int64_t)(n_vocab + n_added) > max_id + 1) max_id = (int64_t)(n_vocab + n_added) - 1;
     t->n_ids = (int32_t)max_id + 1;
     t->tok = calloc((size_t)t->n_ids, sizeof *t->tok);
     t->tok_len = malloc((size_t)t->n_ids * sizeof *t->tok_len);
@@ -182,6 +185,12 @@ static kn_code load_added(kn_tokenizer *t, const json_t *added, kn_error *err) {
     kn_tok_ctx c;
     if (kn_tok_ctx_init(&c)) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     kn_tbuf norm = {0};
+    kn_strmap seen; /* content -> id of the added tokens so far */
+    if (kn_strmap_init(&seen, n, (const char *const *)t->tok, t->tok_len)) {
+        kn_tok_ctx_free(&c);
+        return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    }
+    int32_t next_id = t->model.n_model;
     kn_code rc = KN_OK;
     for (size_t i = 0; i < n && !rc; i++) {
         const json_t *a = json_array_get(added, i);
@@ -205,9 +214,16 @@ static kn_code load_added(kn_tokenizer *t, const json_t *added, kn_error *err) {
         x->lstrip = (uint8_t)jflag(a, "lstrip");
         x->rstrip = (uint8_t)jflag(a, "rstrip");
         x->single_word = (uint8_t)jflag(a, "single_word");
-        /* an added token whose string is in the model vocab takes that id (HF add_tokens) */
-        int32_t vid = kn_strmap_get(&t->model.vocab, x->content, len);
-        x->id = vid >= 0 ? vid : (int32_t)json_integer_value(json_object_get(a, "id"));
+        /* ids as HF add_tokens assigns them: an earlier added token with this
+         * string, else the model vocab's id, else the next id after the vocab
+         * (the "id" field of tokenizer.json is not used, as in HF) */
+        int32_t aid = kn_strmap_get(&seen, x->content, len);
+        int32_t vid = aid >= 0 ? aid : kn_strmap_get(&t->model.vocab, x->content, len);
+        x->id = vid >= 0 ? vid : next_id++;
+        if (x->id >= t->n_ids) {
+            rc = kn_fail(err, KN_ERR_INTERNAL, "added token id %d beyond the id table", x->id);
+            break;
+        }
         x->pattern = x->content;
         x->pattern_len = x->content_len;
         t->n_added++;
@@ -227,7 +243,9 @@ static kn_code load_added(kn_tokenizer *t, const json_t *added, kn_error *err) {
         t->tok[x->id] = x->content;
         t->tok_len[x->id] = x->content_len;
         t->special[x->id] = x->special;
+        if (kn_strmap_put(&seen, x->id)) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
     }
+    kn_strmap_free(&seen);
     kn_tbuf_free(&norm);
     kn_tok_ctx_free(&c);
     if (rc) return rc;
@@ -299,6 +317,7 @@ kn_code kn_tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
     if ((rc = kn_pretok_parse(json_object_get(root, "pre_tokenizer"), &t->pretok, err))) goto done;
     if ((rc = kn_decoder_parse(json_object_get(root, "decoder"), &t->decoder, err))) goto done;
     if ((rc = load_added(t, added, err))) goto done;
+    while (t->n_ids > 1 && t->tok_len[t->n_ids - 1] == KN_TOK_NONE) t->n_ids--; /* drop unused room */
     if ((rc = kn_postproc_parse(json_object_get(root, "post_processor"), t, &t->post, err))) goto done;
     if (kn_strmap_init(&box->all, (size_t)t->n_ids, (const char *const *)t->tok, t->tok_len)) {
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");

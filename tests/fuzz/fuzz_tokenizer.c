@@ -1,6 +1,6 @@
 /* fuzz_tokenizer.c — libFuzzer target for tokenizer input (untrusted text
  * and ids). The first byte picks one of the small tokenizers in
- * tests/fuzz/tokenizers/ and the flags; the rest is the text (often invalid
+ * tests/fuzz/tokenizers/ (or tiny_precompiled) and the flags; the rest is the text (often invalid
  * UTF-8, which must be an error, never a crash). Valid text is encoded,
  * decoded, and stream-decoded; the stream must equal the full decode, and the
  * raw bytes are also decoded as an id list. Run: make fuzz (bounded time). */
@@ -15,16 +15,19 @@
 #define KILN_SOURCE_DIR "."
 #endif
 
-static const char *const files[] = {"bytelevel.json", "spm.json", "wordpiece.json"};
-static kn_tokenizer *toks[3];
+static const char *const files[] = {"tests/fuzz/tokenizers/bytelevel.json", "tests/fuzz/tokenizers/spm.json",
+                                    "tests/fuzz/tokenizers/wordpiece.json", "tests/fuzz/tokenizers/unigram.json",
+                                    "tests/fixtures/tokenizer/tiny/tiny_precompiled/tokenizer.json"};
+#define N_TOK 5
+static kn_tokenizer *toks[N_TOK];
 
 static void load_all(void) {
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < N_TOK; i++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/tests/fuzz/tokenizers/%s", KILN_SOURCE_DIR, files[i]);
+        snprintf(path, sizeof path, "%s/%s", KILN_SOURCE_DIR, files[i]);
         FILE *f = fopen(path, "rb");
         if (!f) abort();
-        char buf[1 << 16];
+        static char buf[1 << 20];
         size_t n = fread(buf, 1, sizeof buf, f);
         fclose(f);
         kn_error err;
@@ -63,7 +66,7 @@ static void stream_equals_decode(const kn_tokenizer *t, const int32_t *ids, int 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!toks[0]) load_all();
     if (size < 1) return 0;
-    const kn_tokenizer *t = toks[data[0] % 3];
+    const kn_tokenizer *t = toks[data[0] % N_TOK];
     int special = (data[0] >> 2) & 1, skip = (data[0] >> 3) & 1;
     const char *text = (const char *)data + 1;
     size_t len = size - 1;

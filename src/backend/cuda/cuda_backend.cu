@@ -6,8 +6,8 @@
  * block tables) go through pinned staging memory asynchronously. Weights live
  * in device memory in their checkpoint dtype (F32/BF16/F16) and are widened
  * to f32 in registers.
- *   matmul M <= 8 : GEMV, one warp per output row, 16-byte weight loads
- *   matmul M > 8  : cuBLAS tensor-core GEMM (cuda_gemm.cu); a tiled SIMT
+ *   matmul M <= 2 : GEMV, one warp per output row, 16-byte weight loads
+ *   matmul M > 2  : cuBLAS tensor-core GEMM (cuda_gemm.cu); a tiled SIMT
  *                   kernel remains as the fallback
  *   attention     : flash-style paged GQA attention with split-K for decode
  *                   (cuda_attention.cu)
@@ -24,7 +24,8 @@ extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap);
 extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s);
 extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
 extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                                  int32_t *idx, float *w);
+                                  const float *expert_scale, int32_t *idx, float *w);
+extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
 extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
 
 typedef kn_cuda_backend cuda_backend;
@@ -121,6 +122,12 @@ static int graph_find(cuda_backend *c, uint64_t key) {
         if (c->graphs[i].key == key) return i;
     return -1;
 }
+static void cu_memory_info(kn_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) f = t = 0;
+    *free_bytes = f, *total_bytes = t;
+}
+
 static int cu_graph_replay(kn_backend *be, uint64_t key) {
     cuda_backend *c = cu(be);
     int i = graph_find(c, key);
@@ -190,6 +197,7 @@ static kn_code cu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_t
         return kn_fail(err, KN_ERR_BACKEND, "cuda backend: weight upload failed");
     }
     out->dtype = dt, out->rows = rows, out->cols = cols, out->data = p, out->owned = 1;
+    out->bits = out->group_size = 0, out->scales = out->biases = NULL;
     return KN_OK;
 }
 
@@ -237,20 +245,20 @@ __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, i
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = w[j] * (xi[j] * inv);
 }
 
-/* Decode-shaped matmul: one warp per output column n, up to 8 x rows read
+/* Decode-shaped matmul: one warp per output column n, up to GEMV_MAX_M x rows read
  * through L1 (x is tiny and shared by every warp). Weights stream with 16-byte
  * loads (8 bf16/f16 or 4 f32 per lane per step), x with float4 loads, when
  * rows are 16-byte aligned (K % 8 == 0, aligned bases), else one element per
  * lane. */
-#define GEMV_MAX_M 8
+#define GEMV_MAX_M 2
 template <int DT>
-__device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
-    uint4 u = *(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2));
+__device__ __forceinline__ void unpack8w(uint4 u, float *f) {
     if (DT == KN_DT_F32) {
         f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
         return;
     }
     const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
     for (int j = 0; j < 4; j++) {
         if (DT == KN_DT_BF16) {
             f[2 * j] = __uint_as_float(v[j] << 16);
@@ -261,6 +269,10 @@ __device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
             f[2 * j] = ff.x, f[2 * j + 1] = ff.y;
         }
     }
+}
+template <int DT>
+__device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
+    unpack8w<DT>(*(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2)), f);
 }
 
 /* M is a template parameter so the accumulators stay in registers and the
@@ -280,23 +292,32 @@ __global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const
     if (K % 8 == 0 && (((uintptr_t)x | (uintptr_t)w) & 15) == 0) {
         int64_t k = (int64_t)lane * per;
         const int64_t step = 32 * per;
-        for (; k + 3 * step + per <= K; k += 4 * step) { /* 4 loads in flight per lane */
-            float f[4][8];
+        /* U 16-byte weight loads in flight per lane before any is consumed
+         * (streamed past L1/L2 so x stays cached): deeper for small M, where
+         * registers allow, since a decode GEMV is latency-bound per warp */
+        constexpr int U = M <= 2 ? 8 : 4;
+        const char *wb = (const char *)w;
+        const int esz = DT == KN_DT_F32 ? 4 : 2;
+        for (; k + (U - 1) * step + per <= K; k += U * step) {
+            uint4 raw[U];
 #pragma unroll
-            for (int u = 0; u < 4; u++) load8w<DT>(w, row + k + u * step, f[u]);
+            for (int u = 0; u < U; u++) raw[u] = __ldcs((const uint4 *)(wb + (row + k + u * step) * esz));
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < U; u++) {
+                float f[8];
+                unpack8w<DT>(raw[u], f);
 #pragma unroll
                 for (int m = 0; m < M; m++) {
                     const float4 *xm = (const float4 *)(x + (int64_t)m * K + k + u * step);
                     float4 a = __ldg(xm);
-                    float s = f[u][0] * a.x + f[u][1] * a.y + f[u][2] * a.z + f[u][3] * a.w;
+                    float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
                     if (per == 8) {
                         float4 b = __ldg(xm + 1);
-                        s += f[u][4] * b.x + f[u][5] * b.y + f[u][6] * b.z + f[u][7] * b.w;
+                        s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
                     }
                     acc[m] += s;
                 }
+            }
         }
         for (; k + per <= K; k += step) {
             float f[8];
@@ -340,7 +361,7 @@ static void gemv_dt(cudaStream_t s, const float *x, int M, const void *w, int64_
     switch (M) {
 #define GEMV_CASE(mm)                                                                                                  \
     case mm: k_gemv<DT, mm><<<blocks, warps * 32, 0, s>>>(x, w, N, K, bias, out, accumulate); break;
-        GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+        GEMV_CASE(1) GEMV_CASE(2) /* GEMV_MAX_M: beyond 2 rows x traffic dominates; cuBLAS wins */
 #undef GEMV_CASE
     }
 }
@@ -508,6 +529,10 @@ __global__ void k_read(const float4 *p, size_t n, float *sink) {
 #define S (cu(be)->stream)
 
 static void cu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
+    if (t->bits) {
+        kn_cuda_qembed(be, t, ids, n, out);
+        return;
+    }
     k_embed<<<n, 256, 0, S>>>(t->data, t->dtype, t->rows, t->cols, ids, out);
 }
 static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, int64_t os, int rows, int groups,
@@ -516,6 +541,10 @@ static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, 
 }
 static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                    int accumulate) {
+    if (w->bits) {
+        kn_cuda_qmatmul(be, x, M, w, bias, out, accumulate);
+        return;
+    }
     if (M <= GEMV_MAX_M) gemv(S, x, M, w, bias, out, accumulate);
     else if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out, accumulate)) {
         dim3 grid((unsigned)((w->rows + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
@@ -589,8 +618,10 @@ static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
     cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax, cu_argmax_rows,
     /* whisper */ kn_cuda_im2col_1d, kn_cuda_attention_dense,
-    cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end,
+    cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end, cu_memory_info,
     kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
+    kn_cuda_mul_rows,
+    kn_cuda_weight_load_quant, /* cuda_quant.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

@@ -54,6 +54,16 @@ got=$("$KILN" transcribe "$JFK" --model "$W" --format tokens --no-timestamps --l
 [ -n "$want" ] && [ "$got" = "$want" ] || fail "transcribe tokens: got '$got' want '$want'"
 grep -q "window" "$TMP/err" || fail "transcribe: stats should go to stderr"
 
+# text formats through the fixture's tokenizer
+"$KILN" transcribe "$JFK" --model "$W" --format srt --language en --no-fallback --max-new-tokens 24 \
+    >"$TMP/o.srt" 2>"$TMP/err" || fail "srt: $(cat "$TMP/err")"
+head -1 "$TMP/o.srt" | grep -qx "1" || fail "srt: first line should be 1: $(head -3 "$TMP/o.srt")"
+sed -n 2p "$TMP/o.srt" | grep -Eq '^[0-9]{2}:[0-9]{2}:[0-9]{2},[0-9]{3} --> [0-9]{2}:[0-9]{2}:[0-9]{2},[0-9]{3}$' \
+    || fail "srt: time line: $(sed -n 2p "$TMP/o.srt")"
+"$KILN" transcribe "$JFK" --model "$W" --format vtt --language en --no-fallback --max-new-tokens 24 \
+    2>/dev/null | head -1 | grep -qx "WEBVTT" || fail "vtt header"
+"$KILN" transcribe "$JFK" --model "$W" --format verbose_json --language en --no-fallback --max-new-tokens 24 \
+    --prompt "And so my fellow Americans" 2>"$TMP/err" | grep -q '"segments":\[{"id":0' || fail "verbose_json with --prompt: $(cat "$TMP/err")"
 expect_error "missing --model" "$KILN" transcribe "$JFK"
 expect_error "not a whisper model" "$KILN" transcribe "$JFK" --model "$FIX/llama" --format tokens
 expect_error "transcribe or translate" "$KILN" transcribe "$JFK" --model "$W" --task summarize

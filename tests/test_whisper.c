@@ -95,6 +95,41 @@ static void test_cache_consistency(void) {
     md = max_diff(lg + V, ref + 4 * V, V);
     CHECK(md <= 2e-5 * scale, "slot 1 vs single decode: max |d| %g", md);
 
+    /* long-form: 71 s of audio (jfk.wav, repeated) through the seek loop */
+    {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/audio/jfk.wav", kn_test_fixtures());
+        float *pcm = NULL;
+        int64_t n_pcm = 0;
+        CHECK(kn_audio_load_file(path, 0, &pcm, &n_pcm, &err) == KN_OK, "jfk.wav: %s", err.msg);
+        if (pcm) {
+            int64_t total = 7 * n_pcm - 100000;
+            float *longpcm = malloc(sizeof(float) * (size_t)total);
+            for (int64_t i = 0; i < total; i++) longpcm[i] = pcm[i % n_pcm];
+            kn_decode_options opt;
+            kn_decode_options_default(&opt);
+            opt.language = "en";
+            opt.max_new_tokens = 16;
+            opt.n_temperatures = 2; /* one fallback step is enough to exercise it */
+            kn_transcript t;
+            kn_code lrc = kn_transcribe(w, longpcm, total, &opt, &t, &err);
+            CHECK(lrc == KN_OK, "long-form transcribe: %s", err.msg);
+            if (!lrc) {
+                CHECK(t.n_windows >= 3 && t.n_windows <= 64, "long-form: %d windows", t.n_windows);
+                CHECK(fabs(t.duration - total / 16000.0) < 1e-9, "duration %g", t.duration);
+                for (int i = 0; i < t.n_segments; i++) {
+                    const kn_segment *g = &t.segments[i];
+                    CHECK(g->start >= g->seek * 0.01 - 1e-9 && g->start <= g->end && g->end <= t.duration + 1e-9 &&
+                              (i == 0 || g->seek >= t.segments[i - 1].seek),
+                          "segment %d: seek %lld, %g..%g", i, (long long)g->seek, g->start, g->end);
+                }
+                kn_transcript_free(&t);
+            }
+            free(longpcm);
+            free(pcm);
+        }
+    }
+
     /* bad arguments are errors */
     CHECK(kn_whisper_decode(w, 4, 1, next, 0, 0, lg, &err) == KN_ERR_INVALID_ARG, "4 slots accepted");
     CHECK(kn_whisper_decode(w, 1, 1, next, 64, 0, lg, &err) == KN_ERR_INVALID_ARG, "position past the end accepted");

@@ -12,7 +12,16 @@
  *    segment timestamps, as openai-whisper's transcribe() does.
  * Text comes from a caller-supplied detokenizer (the tokenizer module), so
  * this layer needs only token ids. Results own their memory; free them with
- * the matching *_free. Not thread-safe per kn_whisper (one decode at a time). */
+ * the matching *_free. Not thread-safe per kn_whisper (one decode at a time).
+ *
+ * Usage (what /v1/audio/transcriptions needs):
+ *   kn_whisper *w;  kn_whisper_open(dir, &(kn_whisper_options){.max_slots = 5}, &w, &err);
+ *   float *pcm; int64_t n;  kn_audio_load_memory(upload, upload_len, 0, &pcm, &n, &err);
+ *   kn_decode_options o;  kn_decode_options_default(&o);
+ *   o.language = "en";  o.detok = my_detok;  o.detok_user = tokenizer;   (o.on_segment for SSE)
+ *   kn_transcript t;  kn_transcribe(w, pcm, n, &o, &t, &err);
+ *   char *body;  kn_transcript_format(&t, "verbose_json", "transcribe", &body, &err);
+ *   free(body); kn_transcript_free(&t); free(pcm); kn_whisper_close(w); */
 #ifndef KN_ENGINE_TRANSCRIBE_H
 #define KN_ENGINE_TRANSCRIBE_H
 
@@ -98,7 +107,7 @@ typedef struct {
     char *text;             /* all segments' text concatenated (NULL without a detokenizer) */
     double duration;        /* seconds of audio */
     /* timings for benchmarks */
-    double mel_seconds, encode_seconds, decode_seconds;
+    double mel_seconds, decode_seconds; /* decode includes each window's encoder pass */
     int n_windows, n_decoded_tokens;
 } kn_transcript;
 

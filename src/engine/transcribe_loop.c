@@ -259,7 +259,6 @@ kn_code kn_transcribe(kn_whisper *w, const float *pcm, int64_t n_samples, const 
             }
         out->text[p] = 0;
     }
-    out->encode_seconds = 0;
 done:
     free(mel);
     free(window);

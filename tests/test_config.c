@@ -56,6 +56,77 @@ int main(void) {
     CHECK(parse("{\"model_type\": \"llama\", " BASE ", \"hidden_act\": \"silu\", \"max_position_embeddings\": 4096.0}", NULL, &c, &err) == KN_OK &&
               c.max_position_embeddings == 4096, "integral float accepted");
 
+    /* model families: the feature table each model_type selects */
+    CHECK(parse("{\"model_type\": \"gemma\", " BASE "}", NULL, &c, &err) == KN_OK && c.arch == KN_ARCH_GEMMA &&
+              c.norm_weight_offset == 1.0 && c.act == 1 && c.embed_scale == 8.0 && c.tie_word_embeddings &&
+              c.norm_layout == KN_NORMS_PRE && c.attn_softcap == 0,
+          "gemma: (1 + w) norms, tanh GeGLU by default, sqrt(hidden) embeddings");
+    CHECK(parse("{\"model_type\": \"gemma\", " BASE ", \"hidden_act\": \"gelu\", \"hidden_activation\": \"gelu_pytorch_tanh\"}",
+                NULL, &c, &err) == KN_OK && c.act == 2, "gemma (1) follows hidden_act as transformers 5.17 does");
+    CHECK(parse("{\"model_type\": \"gemma2\", " BASE ", \"hidden_act\": \"gelu\", \"hidden_activation\": \"gelu_pytorch_tanh\"}",
+                NULL, &c, &err) == KN_OK && c.act == 1, "gemma2 follows hidden_activation");
+    CHECK(parse("{\"model_type\": \"gemma2\", " BASE ", \"query_pre_attn_scalar\": 64, \"sliding_window\": 8}", NULL, &c,
+                &err) == KN_OK && c.norm_layout == KN_NORMS_SANDWICH && c.attn_softcap == 50.0 && c.final_softcap == 30.0 &&
+              c.attn_scale == 0.125 && c.layer_sliding[0] == 1 && c.layer_sliding[1] == 0,
+          "gemma2 defaults: softcaps 50/30, alternate sliding layers from layer 0");
+    CHECK(parse("{\"model_type\": \"gemma2\", " BASE ", \"attn_logit_softcapping\": null, \"final_logit_softcapping\": null}",
+                NULL, &c, &err) == KN_OK && c.attn_softcap == 0 && c.final_softcap == 0, "null soft-capping is off");
+    CHECK(parse("{\"model_type\": \"gemma3_text\", \"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 128, "
+                "\"num_hidden_layers\": 7, \"num_attention_heads\": 4, \"rope_theta\": 1e6, \"rope_local_base_freq\": 1e4, "
+                "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8}, \"sliding_window\": 512}", NULL, &c, &err) == KN_OK &&
+              c.qk_norm_kind == KN_QK_NORM_HEAD && c.has_local_rope && c.rope.theta == 1e6 && c.rope.type == KN_ROPE_LINEAR &&
+              c.rope_local.theta == 1e4 && c.rope_local.type == KN_ROPE_DEFAULT && c.layer_sliding[4] && !c.layer_sliding[5] &&
+              c.layer_sliding[6] && c.final_softcap == 0,
+          "gemma3 (transformers 4 layout): global rope scaled, local rope at rope_local_base_freq, 5:1 pattern");
+    CHECK(parse("{\"model_type\": \"gemma3_text\", " BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": "
+                "\"linear\", \"factor\": 2.0, \"rope_theta\": 1e6}, \"sliding_attention\": {\"rope_type\": \"default\", "
+                "\"rope_theta\": 1e4}}}", NULL, &c, &err) == KN_OK && c.rope.factor == 2.0 && c.rope.theta == 1e6 &&
+              c.rope_local.theta == 1e4, "gemma3 (transformers 5 layout): rope_parameters per layer type");
+    CHECK(parse("{\"model_type\": \"gemma3\", \"text_config\": {\"model_type\": \"gemma3_text\", " BASE "}, "
+                "\"vision_config\": {\"model_type\": \"siglip_vision_model\"}, \"eos_token_id\": [1, 106]}", NULL, &c,
+                &err) == KN_OK && c.arch == KN_ARCH_GEMMA3 && !strcmp(c.wrapper_type, "gemma3") &&
+              !strcmp(c.ignored_configs, "vision_config") && c.n_eos == 2 && c.eos_token_ids[1] == 106,
+          "gemma3 multimodal: text_config used, vision_config named as ignored");
+    expect_error("{\"model_type\": \"gemma3\", \"vision_config\": {}}", KN_ERR_FORMAT, "text_config");
+    CHECK(parse("{\"model_type\": \"qwen3_moe\", " BASE ", \"num_experts\": 8, \"num_experts_per_tok\": 2, "
+                "\"moe_intermediate_size\": 32, \"norm_topk_prob\": true, \"mlp_only_layers\": [0]}", NULL, &c, &err) == KN_OK &&
+              c.n_experts == 8 && c.n_experts_per_tok == 2 && c.moe_intermediate_size == 32 && c.norm_topk_prob &&
+              !c.layer_moe[0] && c.layer_moe[1] && c.qk_norm, "qwen3_moe");
+    CHECK(parse("{\"model_type\": \"qwen3_moe\", " BASE ", \"num_local_experts\": 6, \"num_experts_per_tok\": 2}", NULL, &c,
+                &err) == KN_OK && c.n_experts == 6, "qwen3_moe as transformers 5 saves it (num_local_experts)");
+    CHECK(parse("{\"model_type\": \"qwen2_moe\", " BASE ", \"num_experts\": 4, \"num_experts_per_tok\": 2, "
+                "\"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 32, \"decoder_sparse_step\": 2}", NULL, &c,
+                &err) == KN_OK && c.shared_expert_intermediate_size == 32 && !c.norm_topk_prob && !c.layer_moe[0] && c.layer_moe[1],
+          "qwen2_moe: shared expert, sparse step");
+    CHECK(parse("{\"model_type\": \"mixtral\", " BASE ", \"num_local_experts\": 8, \"num_experts_per_tok\": 2}", NULL, &c,
+                &err) == KN_OK && c.n_experts == 8 && c.moe_intermediate_size == 128 && c.norm_topk_prob && c.layer_moe[0],
+          "mixtral: experts of intermediate_size, always renormalised");
+    expect_error("{\"model_type\": \"qwen3_moe\", " BASE ", \"num_experts\": 4, \"num_experts_per_tok\": 5}", KN_ERR_FORMAT,
+                 "MoE sizes");
+    expect_error("{\"model_type\": \"qwen3_moe\", " BASE ", \"mlp_only_layers\": [7]}", KN_ERR_FORMAT, "mlp_only_layers");
+    CHECK(parse("{\"model_type\": \"olmo2\", " BASE "}", NULL, &c, &err) == KN_OK && c.norm_layout == KN_NORMS_POST &&
+              c.qk_norm_kind == KN_QK_NORM_FULL && !c.qk_norm, "olmo2: post norms, whole-projection q/k norm");
+    CHECK(parse("{\"model_type\": \"granite\", " BASE ", \"embedding_multiplier\": 12.0, \"residual_multiplier\": 0.22, "
+                "\"attention_multiplier\": 0.0078125, \"logits_scaling\": 8.0}", NULL, &c, &err) == KN_OK &&
+              c.embed_scale == 12.0 && c.residual_scale == 0.22 && c.attn_scale == 0.0078125 && c.logit_scale == 0.125,
+          "granite multipliers");
+    expect_error("{\"model_type\": \"granite\", " BASE ", \"logits_scaling\": 0}", KN_ERR_FORMAT, "logits_scaling");
+    CHECK(parse("{\"model_type\": \"starcoder2\", " BASE ", \"hidden_act\": \"gelu_pytorch_tanh\", \"norm_epsilon\": 1e-5, "
+                "\"sliding_window\": 16}", NULL, &c, &err) == KN_OK && c.layer_norm && !c.mlp_gated && c.act == 1 &&
+              c.rms_norm_eps == 1e-5 && c.layer_sliding[1] && c.tie_word_embeddings, "starcoder2");
+    CHECK(parse("{\"model_type\": \"glm4\", " BASE "}", NULL, &c, &err) == KN_OK && c.rope_interleaved &&
+              c.rope.partial_rotary_factor == 0.5 && c.fused_gate_up && c.norm_layout == KN_NORMS_SANDWICH,
+          "glm4: interleaved half rotary, fused gate_up, sandwich norms");
+    CHECK(parse("{\"model_type\": \"smollm3\", " BASE ", \"no_rope_layers\": [1, 0]}", NULL, &c, &err) == KN_OK &&
+              c.layer_rope[0] == 1 && c.layer_rope[1] == 0, "smollm3 NoPE layers");
+    CHECK(parse("{\"model_type\": \"smollm3\", \"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 128, "
+                "\"num_hidden_layers\": 8, \"num_attention_heads\": 4}", NULL, &c, &err) == KN_OK && c.layer_rope[2] &&
+              !c.layer_rope[3] && !c.layer_rope[7], "smollm3 default: every 4th layer NoPE");
+    expect_error("{\"model_type\": \"smollm3\", " BASE ", \"no_rope_layers\": [1]}", KN_ERR_FORMAT, "no_rope_layers");
+    CHECK(parse("{\"model_type\": \"smollm3\", " BASE ", \"no_rope_layers\": [1, 0], \"use_sliding_window\": true, "
+                "\"sliding_window\": 8}", NULL, &c, &err) == KN_OK && !c.layer_sliding[0] && c.layer_sliding[1],
+          "smollm3: with use_sliding_window the NoPE layers slide");
+
     expect_error("{\"model_type\": \"bert\", " BASE "}", KN_ERR_UNSUPPORTED, "llama, mistral, qwen2, qwen3, phi3");
     expect_error("{" BASE "}", KN_ERR_FORMAT, "model_type");
     expect_error("{\"model_type\": \"llama\", \"hidden_size\": 64}", KN_ERR_FORMAT, "vocab_size");
@@ -65,7 +136,7 @@ int main(void) {
                  KN_ERR_FORMAT, "positive");
     expect_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"weird\", \"factor\": 2}}", KN_ERR_UNSUPPORTED, "weird");
     expect_error("{\"model_type\": \"llama\", " BASE ", \"rope_scaling\": {\"rope_type\": \"linear\"}}", KN_ERR_FORMAT, "factor");
-    expect_error("{\"model_type\": \"llama\", " BASE ", \"hidden_act\": \"gelu\"}", KN_ERR_UNSUPPORTED, "gelu");
+    expect_error("{\"model_type\": \"llama\", " BASE ", \"hidden_act\": \"relu2\"}", KN_ERR_UNSUPPORTED, "relu2");
     expect_error("{\"model_type\": \"llama\", " BASE ", \"layer_types\": [\"full_attention\"]}", KN_ERR_FORMAT, "layer_types");
     expect_error("[1, 2]", KN_ERR_FORMAT, "object");
     expect_error("{\"model_type\": \"llama\", ", KN_ERR_FORMAT, "invalid JSON");

@@ -3,7 +3,8 @@
  * 64/128/256, windows, paged block tables out of order), for every weight
  * dtype. Outputs are poisoned with NaN before each run; a NaN never passes.
  * KILN_TEST_BACKEND=cuda runs the same checks on the GPU (inputs uploaded,
- * results downloaded). */
+ * results downloaded). The model-family ops (soft-capping, scale, sigmoid
+ * gate, MoE routing and experts) are checked the same way at the end. */
 #include <string.h>
 
 #include "backend/backend.h"
@@ -184,7 +185,8 @@ done:
 /* Queries: the last q0 positions of sequence 0 and the last 2 of sequence 1.
  * With host mirrors (q0 long enough) a backend may take its GEMM path, in
  * compute_dtype (BF16 rounds q/k/v/probabilities: looser tolerance). */
-static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, int window, int q0, int compute_dtype) {
+static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, int window, int q0, int compute_dtype,
+                             float softcap) {
     const int bs = 16;
     int nb0 = (len0 + bs - 1) / bs, nb1 = (len1 + bs - 1) / bs, nblocks = nb0 + nb1 + 3;
     int max_blocks = nb0 > nb1 ? nb0 : nb1;
@@ -217,7 +219,7 @@ static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, 
     int32_t *dpos = dev(pos, (size_t)n_tok * 4), *dseq = dev(seq, (size_t)n_tok * 4), *dbt = dev(bt, (size_t)2 * max_blocks * 4);
     kn_attention_args a = {.q = dq, .q_stride = qs, .out = dout, .n_tokens = n_tok, .n_heads = n_heads, .scale = scale,
                            .window = window, .pos = dpos, .seq = dseq, .block_tables = dbt, .max_blocks = max_blocks, .kv = &dkv,
-                           .pos_host = pos, .seq_host = seq, .compute_dtype = compute_dtype};
+                           .pos_host = pos, .seq_host = seq, .compute_dtype = compute_dtype, .softcap = softcap};
     const double tol = compute_dtype == KN_DT_F32 ? 1e-5 : 3e-2;
     be->vt->attention(be, &a);
     back(out, dout, (size_t)n_tok * n_heads * hd * 4);
@@ -234,6 +236,7 @@ static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, 
                 double s = 0;
                 for (int d = 0; d < hd; d++) s += (double)q[t * qs + h * hd + d] * k[d];
                 sc[j] = s * scale;
+                if (softcap > 0) sc[j] = softcap * tanh(sc[j] / softcap);
                 if (sc[j] > mx) mx = sc[j];
             }
             for (int j = lo; j <= p; j++) sum += (sc[j] = exp(sc[j] - mx));
@@ -243,8 +246,8 @@ static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, 
                     ref += sc[j] / sum * kv.v[((int64_t)row[j / bs] * bs + j % bs) * slot_w + kvh * hd + d];
                 float got = out[((int64_t)t * n_heads + h) * hd + d];
                 if (!close_to(got, ref, 1.0, tol)) {
-                    CHECK(0, "attention heads=%d/%d hd=%d len=%d/%d window=%d q0=%d dt=%d [t%d h%d d%d]: got %g want %g",
-                          n_heads, n_kv, hd, len0, len1, window, q0, compute_dtype, t, h, d, got, ref);
+                    CHECK(0, "attention heads=%d/%d hd=%d len=%d/%d window=%d q0=%d dt=%d softcap=%g [t%d h%d d%d]: got %g want %g",
+                          n_heads, n_kv, hd, len0, len1, window, q0, compute_dtype, softcap, t, h, d, got, ref);
                     goto done;
                 }
             }
@@ -253,8 +256,8 @@ done:
     free(sc), free(kv.k), free(kv.v), free(bt), free(q), free(out), free(pos), free(seq);
 }
 
-static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, int window) {
-    test_attention_q(n_heads, n_kv, hd, len0, len1, window, 3, KN_DT_F32);
+static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, int window, float softcap) {
+    test_attention_q(n_heads, n_kv, hd, len0, len1, window, 3, KN_DT_F32, softcap);
 }
 
 static void test_swiglu_softmax_embed(void) {
@@ -382,6 +385,264 @@ static void test_gelu_geglu(int approx) {
     free(x), free(out);
 }
 
+static void test_argmax(void) {
+    int rows = 6, dim = 1000;
+    float *x = malloc((size_t)rows * dim * 4);
+    fill(x, (int64_t)rows * dim, 5.0f);
+    x[0 * dim + 999] = 50.0f;                       /* last element wins */
+    x[1 * dim + 0] = 50.0f;                         /* first element wins */
+    x[2 * dim + 400] = x[2 * dim + 700] = 50.0f;    /* tie: the lower index */
+    x[3 * dim + 10] = NAN, x[3 * dim + 20] = 50.0f; /* NaN never wins */
+    for (int j = 0; j < dim; j++) x[4 * dim + j] = -INFINITY;
+    int32_t want[6] = {999, 0, 400, 20, 0, -1};
+    {
+        int best = 0;
+        for (int j = 1; j < dim; j++)
+            if (x[5 * dim + j] > x[5 * dim + best]) best = j;
+        want[5] = best;
+    }
+    int32_t got[6] = {-7, -7, -7, -7, -7, -7};
+    float *dx = dev(x, (size_t)rows * dim * 4);
+    int32_t *dout = dev(got, sizeof got);
+    be->vt->argmax_rows(be, dx, rows, dim, dout);
+    kn_be_sync(be);
+    kn_be_download(be, got, dout, sizeof got);
+    kn_be_free(be, dx), kn_be_free(be, dout);
+    for (int r = 0; r < rows; r++) CHECK(got[r] == want[r], "argmax row %d: got %d want %d", r, got[r], want[r]);
+    free(x);
+}
+
+/* ---- model families ops ---- */
+
+static void test_softcap_scale_gate(void) {
+    const int64_t n = 1001;
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    fill(x, n, 20.0f);
+    float *dx = dev(x, n * 4);
+    be->vt->softcap(be, dx, n, 3.0f);
+    back(y, dx, n * 4);
+    for (int64_t i = 0; i < n; i++)
+        if (!close_to(y[i], 3.0 * tanh(x[i] / 3.0), 3.0, 1e-6)) {
+            CHECK(0, "softcap at %lld: got %g want %g", (long long)i, y[i], 3.0 * tanh(x[i] / 3.0));
+            break;
+        }
+    dx = dev(x, n * 4);
+    be->vt->scale(be, dx, n, 0.22f);
+    back(y, dx, n * 4);
+    for (int64_t i = 0; i < n; i++)
+        if (!close_to(y[i], x[i] * (double)0.22f, fabs(x[i]), 1e-7)) {
+            CHECK(0, "scale at %lld: got %g want %g", (long long)i, y[i], x[i] * 0.22);
+            break;
+        }
+    const int rows = 7, dim = 33;
+    float *yy = malloc(rows * dim * 4), *xx = malloc(rows * dim * 4), *g = malloc(rows * 4), *out = malloc(rows * dim * 4);
+    fill(yy, rows * dim, 1.0f), fill(xx, rows * dim, 1.0f), fill(g, rows, 4.0f);
+    float *dy = dev(yy, rows * dim * 4), *dxx = dev(xx, rows * dim * 4), *dg = dev(g, rows * 4);
+    be->vt->sigmoid_gate_add(be, dy, dxx, dg, rows, dim);
+    back(out, dy, rows * dim * 4);
+    kn_be_free(be, dxx), kn_be_free(be, dg);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < dim; j++) {
+            double ref = yy[r * dim + j] + xx[r * dim + j] / (1.0 + exp(-(double)g[r]));
+            if (!close_to(out[r * dim + j], ref, 2.0, 1e-6)) {
+                CHECK(0, "sigmoid_gate_add [%d,%d]: got %g want %g", r, j, out[r * dim + j], ref);
+                r = rows;
+                break;
+            }
+        }
+    free(x), free(y), free(yy), free(xx), free(g), free(out);
+}
+
+/* softmax over experts, top-k (descending), optional renormalisation */
+static void ref_route(const float *l, int E, int k, int norm, int32_t *idx, double *w) {
+    double mx = -1e300, sum = 0, p[1024];
+    for (int e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+    for (int e = 0; e < E; e++) sum += (p[e] = exp(l[e] - mx));
+    for (int e = 0; e < E; e++) p[e] /= sum;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= idx[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        idx[j] = best, w[j] = p[best];
+    }
+    if (norm) {
+        double s = 0;
+        for (int j = 0; j < k; j++) s += w[j];
+        for (int j = 0; j < k; j++) w[j] /= s;
+    }
+}
+
+static void test_moe_route(int rows, int E, int k, int norm) {
+    float *l = malloc((size_t)rows * E * 4), *w = malloc((size_t)rows * k * 4);
+    int32_t *idx = malloc((size_t)rows * k * 4), ridx[64];
+    double rw[64];
+    fill(l, (int64_t)rows * E, 4.0f);
+    float *dl = dev(l, (size_t)rows * E * 4), *dw = dev(NULL, (size_t)rows * k * 4);
+    int32_t *di = dev(NULL, (size_t)rows * k * 4);
+    be->vt->moe_route(be, dl, rows, E, k, norm, di, dw);
+    back(w, dw, (size_t)rows * k * 4);
+    back(idx, di, (size_t)rows * k * 4);
+    kn_be_free(be, dl);
+    for (int r = 0; r < rows; r++) {
+        ref_route(l + (size_t)r * E, E, k, norm, ridx, rw);
+        for (int j = 0; j < k; j++)
+            if (idx[r * k + j] != ridx[j] || !close_to(w[r * k + j], rw[j], rw[j], 1e-5)) {
+                CHECK(0, "moe_route rows=%d E=%d k=%d norm=%d [%d,%d]: got %d/%g want %d/%g", rows, E, k, norm, r, j,
+                      idx[r * k + j], w[r * k + j], ridx[j], rw[j]);
+                r = rows;
+                break;
+            }
+    }
+    free(l), free(w), free(idx);
+}
+
+static double act_ref(double g, int act) {
+    if (act == KN_ACT_SILU) return g / (1.0 + exp(-g));
+    return gelu_ref(g, act == KN_ACT_GELU_TANH ? KN_GELU_TANH : KN_GELU_ERF);
+}
+
+static void test_moe_ffn(kn_dtype dt, int n, int E, int k, int dim, int inter, int act) {
+    size_t esz = kn_dtype_size(dt);
+    int64_t ngu = (int64_t)E * 2 * inter * dim, ndn = (int64_t)E * dim * inter;
+    void *gu_raw = malloc((size_t)ngu * esz), *dn_raw = malloc((size_t)ndn * esz);
+    float *guf = malloc((size_t)ngu * 4), *dnf = malloc((size_t)ndn * 4);
+    for (int64_t i = 0; i < ngu + ndn; i++) {
+        float v = kn_test_rand(&seed) * 0.3f;
+        void *raw = i < ngu ? gu_raw : dn_raw;
+        int64_t j = i < ngu ? i : i - ngu;
+        if (dt == KN_DT_F32) ((float *)raw)[j] = v;
+        else if (dt == KN_DT_BF16) ((uint16_t *)raw)[j] = kn_f32_to_bf16(v);
+        else ((uint16_t *)raw)[j] = kn_f32_to_f16(v);
+        (i < ngu ? guf : dnf)[j] = kn_load_f32(raw, dt, j);
+    }
+    kn_weight gu, dn;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load(be, dt, E * 2 * inter, dim, gu_raw, 0, &gu, &err) == KN_OK, "%s", err.msg);
+    CHECK(kn_be_weight_load(be, dt, E * dim, inter, dn_raw, 0, &dn, &err) == KN_OK, "%s", err.msg);
+    float *x = malloc((size_t)n * dim * 4), *w = malloc((size_t)n * k * 4), *out = malloc((size_t)n * dim * 4);
+    int32_t *idx = malloc((size_t)n * k * 4);
+    fill(x, (int64_t)n * dim, 1.0f);
+    for (int t = 0; t < n; t++) /* k distinct experts per token, scattered */
+        for (int j = 0; j < k; j++) {
+            idx[t * k + j] = (t * 5 + j * 3 + (j * j)) % E;
+            for (int i = 0; i < j; i++)
+                if (idx[t * k + i] == idx[t * k + j]) { idx[t * k + j] = (idx[t * k + j] + 1) % E; i = -1; }
+            w[t * k + j] = 0.1f + fabsf(kn_test_rand(&seed));
+        }
+    poison(out, (int64_t)n * dim);
+    float *dx = dev(x, (size_t)n * dim * 4), *dw = dev(w, (size_t)n * k * 4), *dout = dev(out, (size_t)n * dim * 4);
+    float *dscr = dev(NULL, kn_moe_scratch_floats(n, dim, inter, k) * 4);
+    int32_t *didx = dev(idx, (size_t)n * k * 4);
+    kn_moe_args a = {.x = dx, .out = dout, .n_tokens = n, .dim = dim, .inter = inter, .n_experts = E, .k = k,
+                     .act = act, .idx = didx, .w = dw, .gate_up = &gu, .down = &dn, .scratch = dscr};
+    be->vt->moe_ffn(be, &a);
+    back(out, dout, (size_t)n * dim * 4);
+    kn_be_free(be, dx), kn_be_free(be, dw), kn_be_free(be, dscr), kn_be_free(be, didx);
+    double *h = malloc((size_t)inter * sizeof(double));
+    for (int t = 0; t < n; t++) {
+        for (int d = 0; d < dim; d++) {
+            double ref = 0, mag = 0;
+            for (int j = 0; j < k; j++) {
+                int e = idx[t * k + j];
+                for (int i = 0; i < inter; i++) {
+                    double g = 0, u = 0;
+                    for (int c = 0; c < dim; c++) {
+                        g += (double)guf[((int64_t)e * 2 * inter + i) * dim + c] * x[t * dim + c];
+                        u += (double)guf[((int64_t)e * 2 * inter + inter + i) * dim + c] * x[t * dim + c];
+                    }
+                    h[i] = act_ref(g, act) * u;
+                }
+                double y = 0;
+                for (int i = 0; i < inter; i++) y += dnf[((int64_t)e * dim + d) * inter + i] * h[i];
+                ref += w[t * k + j] * y;
+                mag += fabs(w[t * k + j] * y) + 1.0;
+            }
+            if (!close_to(out[t * dim + d], ref, mag, 1e-5)) {
+                CHECK(0, "moe_ffn %s n=%d E=%d k=%d dim=%d inter=%d act=%d [%d,%d]: got %g want %g", kn_dtype_name(dt), n,
+                      E, k, dim, inter, act, t, d, out[t * dim + d], ref);
+                t = n;
+                break;
+            }
+        }
+    }
+    kn_be_weight_free(be, &gu), kn_be_weight_free(be, &dn);
+    free(gu_raw), free(dn_raw), free(guf), free(dnf), free(x), free(w), free(out), free(idx), free(h);
+}
+
+/* whisper: im2col_1d in both input layouts ([c, t] mel and [t, c] rows) */
+static void test_im2col(int t_in, int c_in, int k, int stride, int pad, int channel_major) {
+    int t_out = (t_in + 2 * pad - k) / stride + 1;
+    int64_t cols = (int64_t)c_in * k, n_in = (int64_t)t_in * c_in, n_out = t_out * cols;
+    int64_t ts = channel_major ? 1 : c_in, cs = channel_major ? t_in : 1;
+    float *x = malloc((size_t)n_in * 4), *out = malloc((size_t)n_out * 4);
+    fill(x, n_in, 1.0f);
+    poison(out, n_out);
+    float *dx = dev(x, (size_t)n_in * 4), *dout = dev(out, (size_t)n_out * 4);
+    be->vt->im2col_1d(be, dx, ts, cs, t_in, c_in, k, stride, pad, dout);
+    back(out, dout, (size_t)n_out * 4);
+    kn_be_free(be, dx);
+    for (int t = 0; t < t_out; t++)
+        for (int c = 0; c < c_in; c++)
+            for (int j = 0; j < k; j++) {
+                int src = t * stride + j - pad;
+                float want = src >= 0 && src < t_in ? x[src * ts + c * cs] : 0.0f;
+                float got = out[t * cols + c * k + j];
+                if (!(got == want)) {
+                    CHECK(0, "im2col t_in=%d c_in=%d k=%d s=%d p=%d cm=%d at [%d,%d,%d]: got %g want %g", t_in, c_in, k,
+                          stride, pad, channel_major, t, c, j, got, want);
+                    t = t_out, c = c_in;
+                    break;
+                }
+            }
+    free(x), free(out);
+}
+
+/* whisper: dense attention (encoder / cross / causal decoder cache) */
+static void test_attention_dense(int n_q, int n_kv, int n_heads, int hd, int causal, int q_pos0) {
+    int D = n_heads * hd;
+    int64_t qs = D + 3, ks = 2 * D + 5, vs = D + 1, os = D + 2; /* padded strides */
+    float *q = malloc((size_t)n_q * qs * 4), *k = malloc((size_t)n_kv * ks * 4), *v = malloc((size_t)n_kv * vs * 4);
+    float *out = malloc((size_t)n_q * os * 4);
+    fill(q, n_q * qs, 1.0f), fill(k, n_kv * ks, 1.0f), fill(v, n_kv * vs, 1.0f);
+    poison(out, n_q * os);
+    float *dq = dev(q, (size_t)n_q * qs * 4), *dk = dev(k, (size_t)n_kv * ks * 4), *dv = dev(v, (size_t)n_kv * vs * 4);
+    float *dout = dev(out, (size_t)n_q * os * 4);
+    float scale = 1.0f / sqrtf((float)hd) * 2.0f;
+    kn_dense_attention_args a = {.q = dq, .k = dk, .v = dv, .q_stride = qs, .k_stride = ks, .v_stride = vs,
+                                 .out = dout, .out_stride = os, .n_q = n_q, .n_kv = n_kv, .n_heads = n_heads,
+                                 .head_dim = hd, .scale = scale, .causal = causal, .q_pos0 = q_pos0};
+    be->vt->attention_dense(be, &a);
+    back(out, dout, (size_t)n_q * os * 4);
+    kn_be_free(be, dq), kn_be_free(be, dk), kn_be_free(be, dv);
+    double *p = malloc(sizeof(double) * (size_t)n_kv);
+    int bad = 0;
+    for (int i = 0; i < n_q && !bad; i++)
+        for (int h = 0; h < n_heads && !bad; h++) {
+            int len = causal && q_pos0 + i + 1 < n_kv ? q_pos0 + i + 1 : n_kv;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < len; j++) {
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)q[i * qs + h * hd + d] * k[j * ks + h * hd + d];
+                p[j] = s * scale;
+                if (p[j] > mx) mx = p[j];
+            }
+            for (int j = 0; j < len; j++) sum += (p[j] = exp(p[j] - mx));
+            for (int d = 0; d < hd && !bad; d++) {
+                double ref = 0;
+                for (int j = 0; j < len; j++) ref += p[j] / sum * v[j * vs + h * hd + d];
+                if (!close_to(out[i * os + h * hd + d], ref, 1.0, 2e-5)) {
+                    bad = 1;
+                    CHECK(0, "attention_dense n_q=%d n_kv=%d H=%d hd=%d causal=%d pos0=%d [%d,%d,%d]: got %g want %g",
+                          n_q, n_kv, n_heads, hd, causal, q_pos0, i, h, d, out[i * os + h * hd + d], ref);
+                }
+            }
+        }
+    free(p), free(q), free(k), free(v), free(out);
+}
+
 int main(void) {
     kn_error err = {0};
     const char *name = getenv("KILN_TEST_BACKEND");
@@ -411,23 +672,47 @@ int main(void) {
     int hds[] = {64, 128, 256};
     for (size_t g = 0; g < 4; g++)
         for (size_t h = 0; h < 3; h++) {
-            test_attention(gqa[g][0], gqa[g][1], hds[h], 37, 20, 0);
-            test_attention(gqa[g][0], gqa[g][1], hds[h], 300, 17, 16);
+            test_attention(gqa[g][0], gqa[g][1], hds[h], 37, 20, 0, 0.0f);
+            test_attention(gqa[g][0], gqa[g][1], hds[h], 300, 17, 16, 0.0f);
         }
-    test_attention(4, 2, 64, 2100, 5, 0); /* long context */
+    test_attention(4, 2, 64, 2100, 5, 0, 0.0f); /* long context */
+    test_attention(8, 2, 64, 37, 20, 0, 1.5f); /* gemma2 soft-capping */
+    test_attention(4, 4, 256, 300, 17, 16, 50.0f);
     /* prefill-shaped runs (a backend's GEMM path): exact f32 and bf16 */
-    test_attention_q(8, 2, 128, 300, 20, 0, 70, KN_DT_F32);
-    test_attention_q(8, 2, 64, 300, 20, 100, 130, KN_DT_F32);
-    test_attention_q(4, 4, 256, 90, 17, 0, 40, KN_DT_F32);
-    test_attention_q(8, 1, 128, 200, 33, 0, 64, KN_DT_BF16);
-    test_attention_q(16, 2, 64, 120, 5, 48, 100, KN_DT_F16);
+    test_attention_q(8, 2, 128, 300, 20, 0, 70, KN_DT_F32, 0.0f);
+    test_attention_q(8, 2, 64, 300, 20, 100, 130, KN_DT_F32, 0.0f);
+    test_attention_q(4, 4, 256, 90, 17, 0, 40, KN_DT_F32, 0.0f);
+    test_attention_q(8, 1, 128, 200, 33, 0, 64, KN_DT_BF16, 0.0f);
+    test_attention_q(16, 2, 64, 120, 5, 48, 100, KN_DT_F16, 0.0f);
+    test_attention_q(8, 2, 64, 100, 20, 0, 50, KN_DT_F32, 1.5f); /* soft-capping on the GEMM path */
     test_swiglu_softmax_embed();
     test_layer_norm(1, 64, 1);
     test_layer_norm(6, 384, 1);
     test_layer_norm(3, 1280, 0);
     test_layer_norm(2, 5, 1);
+    test_argmax();
     test_gelu_geglu(KN_GELU_ERF);
     test_gelu_geglu(KN_GELU_TANH);
+    test_softcap_scale_gate();
+    test_moe_route(1, 8, 2, 1);
+    test_moe_route(37, 60, 4, 0);
+    test_moe_route(5, 128, 8, 1);
+    for (int d = 0; d < 3; d++) {
+        test_moe_ffn(dts[d], 1, 8, 2, 64, 48, KN_ACT_SILU);  /* decode */
+        test_moe_ffn(dts[d], 13, 6, 3, 40, 24, KN_ACT_SILU); /* several tokens per expert */
+    }
+    test_moe_ffn(KN_DT_F32, 9, 4, 2, 32, 16, KN_ACT_GELU_TANH);
+    /* whisper: conv1 (k 3, s 1, p 1) over a [c, t] mel, conv2 (s 2) over rows */
+    test_im2col(30, 8, 3, 1, 1, 1);
+    test_im2col(31, 5, 3, 2, 1, 0);
+    test_im2col(3000, 80, 3, 1, 1, 1);
+    test_im2col(7, 3, 1, 1, 0, 0);
+    test_attention_dense(7, 7, 4, 16, 0, 0);   /* encoder self-attention */
+    test_attention_dense(5, 300, 6, 64, 0, 0); /* cross-attention */
+    test_attention_dense(9, 9, 2, 64, 1, 0);   /* decoder prompt */
+    test_attention_dense(1, 12, 4, 64, 1, 11); /* decoder step over its cache */
+    test_attention_dense(3, 20, 3, 40, 1, 5);  /* causal with cache beyond the rows */
+    test_attention_dense(2, 1500, 20, 64, 0, 0);
     kn_backend_destroy(be);
     return kn_test_done("test_ops");
 }

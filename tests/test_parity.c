@@ -9,6 +9,9 @@
  *  - bf16 copy: mean teacher-forced KL(fp32 ref || kiln bf16) <= 2e-3 and
  *    greedy agreement with fp32 until the first near-tie (top-2 gap below
  *    twice the max teacher-forced |Δlogit| of the bf16 model).
+ * The model-family fixtures (tools/fixtures/gen_families.py) get the same fp32
+ * checks; gemma3_mm must also name the components it ignores, and an MoE
+ * decode step must count only the active experts' bytes.
  * A missing fixture is a failure, never a skip. */
 #include <jansson.h>
 #include <string.h>
@@ -279,6 +282,53 @@ static void check_chunked_prefill(void) {
     kn_synthetic_free(syn);
 }
 
+/* A multimodal checkpoint runs its language model and says what it ignored. */
+static void check_ignored_components(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/gemma3_mm", kn_test_fixtures());
+    kn_model *m;
+    kn_error err = {0};
+    kn_model_options o = {.n_threads = 2, .backend = getenv("KILN_TEST_BACKEND")};
+    if (kn_model_open(dir, &o, &m, &err)) {
+        CHECK(0, "gemma3_mm: open: %s", err.msg);
+        return;
+    }
+    const char *notes = kn_model_notes(m);
+    CHECK(strstr(notes, "language model") && strstr(notes, "vision_config") && strstr(notes, "vision_tower") &&
+              strstr(notes, "multi_modal_projector"),
+          "gemma3_mm: notes do not name what is used and ignored: \"%s\"", notes);
+    printf("gemma3_mm notes: %s\n", notes);
+    kn_model_close(m);
+    /* a plain checkpoint has nothing to report */
+    snprintf(dir, sizeof dir, "%s/gemma3_text", kn_test_fixtures());
+    if (kn_model_open(dir, &o, &m, &err) == KN_OK) {
+        CHECK(kn_model_notes(m)[0] == 0, "gemma3_text: unexpected notes \"%s\"", kn_model_notes(m));
+        kn_model_close(m);
+    }
+}
+
+/* Batch-1 decode of an MoE model reads only the k selected experts: the bytes
+ * per step count k/E of the expert weights. */
+static void check_moe_active_bytes(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/qwen3_moe", kn_test_fixtures());
+    kn_model *m;
+    kn_error err = {0};
+    kn_model_options o = {.n_threads = 2, .backend = getenv("KILN_TEST_BACKEND")};
+    if (kn_model_open(dir, &o, &m, &err)) {
+        CHECK(0, "qwen3_moe: open: %s", err.msg);
+        return;
+    }
+    const kn_model_config *c = &m->cfg;
+    int64_t H = c->hidden_size, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t per_layer = (q + 2 * kv) * H + H * q + (int64_t)c->n_experts * H +
+                        (int64_t)c->n_experts_per_tok * 3 * c->moe_intermediate_size * H;
+    int64_t want = 4 * (c->n_layers * per_layer + (int64_t)c->vocab_size * H);
+    CHECK(kn_model_weight_bytes(m) == want, "qwen3_moe: decode reads %lld weight bytes, active parameters are %lld",
+          (long long)kn_model_weight_bytes(m), (long long)want);
+    kn_model_close(m);
+}
+
 int main(int argc, char **argv) {
     const char *be_name = getenv("KILN_TEST_BACKEND");
     if (be_name) { /* a backend that cannot start here (no GPU) is a skip, said out loud */
@@ -291,13 +341,20 @@ int main(int argc, char **argv) {
         kn_backend_destroy(be);
         printf("test_parity: backend %s\n", be_name);
     }
-    static const char *const fixtures[] = {"llama", "llama_linear", "llama3", "llama_yarn", "mistral",
-                                           "qwen2", "qwen3",        "phi3",   "llama_bf16"};
+    static const char *const fixtures[] = {
+        "llama",   "llama_linear", "llama3",     "llama_yarn", "mistral",   "qwen2",     "qwen3",
+        "phi3",    "llama_bf16",
+        /* model families (tools/fixtures/gen_families.py) */
+        "gemma",   "gemma2",       "gemma3_text", "gemma3_mm", "qwen3_moe", "qwen2_moe", "mixtral",
+        "olmo2",   "granite",      "starcoder2", "glm4",       "smollm3",
+    };
     if (argc > 1) {
         for (int i = 1; i < argc; i++) check_fixture(argv[i]);
     } else {
         for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) check_fixture(fixtures[i]);
         check_chunked_prefill();
+        check_ignored_components();
+        check_moe_active_bytes();
     }
     return kn_test_done("test_parity");
 }

@@ -43,6 +43,7 @@ typedef struct {
     const char *backend; /* "cpu" (default) */
     int n_threads;       /* 0 = all cores */
     int max_context;     /* 0 = min(config max_position_embeddings, 8192) */
+    double gpu_memory;   /* fraction of GPU memory to use (weights + KV + scratch); 0 = 0.9 */
     int max_seqs;        /* sequences one forward may mix (serving batch); 0 = 1 */
 } kn_model_options;
 
@@ -53,6 +54,9 @@ void kn_model_close(kn_model *m);
 int kn_model_vocab_size(const kn_model *m);
 /* Human-readable one-line description (architecture, sizes, dtype). */
 const char *kn_model_describe(const kn_model *m);
+/* What of the checkpoint is not used (e.g. the vision tower of a multimodal
+ * checkpoint whose language model runs); "" when everything is used. */
+const char *kn_model_notes(const kn_model *m);
 
 /* Teacher-forced logits: out receives n_ids * vocab floats, row i is the
  * distribution after ids[0..i]. */

@@ -77,7 +77,58 @@ typedef struct {
      * BF16/F16 (KN_DT_F32: exact float32 GEMMs). */
     const int32_t *pos_host, *seq_host;
     int compute_dtype;
+    float softcap; /* > 0: scores become softcap * tanh(scores / softcap) before the mask (gemma2); 0 = off */
 } kn_attention_args;
+
+/* Dense multi-head attention (whisper: encoder self-attention, cross-
+ * attention, decoder self-attention over a contiguous cache). Query row i,
+ * head h attends to key rows j in [0, n_kv), or j in [0, min(n_kv, q_pos0 + i
+ * + 1)) when causal; q, k and v have n_heads heads of head_dim each, head h
+ * at column h*head_dim of its row. */
+typedef struct {
+    const float *q, *k, *v; /* [n_q, q_stride], [n_kv, k_stride], [n_kv, v_stride] */
+    int64_t q_stride, k_stride, v_stride;
+    float *out; /* [n_q, out_stride], head h at out + h*head_dim */
+    int64_t out_stride;
+    int n_q, n_kv, n_heads, head_dim;
+    float scale;
+    int causal, q_pos0;
+} kn_dense_attention_args;
+/* Context buckets: a recorded decode graph is valid for one batch shape and
+ * one bucket of the largest position attended (backends may size attention
+ * work by the bucket's end, never by the exact length). */
+#define KN_CTX_BUCKET_SHIFT 9
+static inline int kn_ctx_bucket(int max_pos) { return (max_pos >> KN_CTX_BUCKET_SHIFT) + 1; }
+
+/* ---- model families (gemma, MoE, granite, ...) ---- */
+
+/* Activation of a gated FFN: act(gate) * up. */
+enum { KN_ACT_SILU = 0, KN_ACT_GELU_TANH = 1, KN_ACT_GELU_ERF = 2 };
+
+/* The routed experts of one MoE layer, applied to n_tokens rows:
+ *   out[t] = sum over the k selected experts e = idx[t, j] of
+ *            w[t, j] * down_e(act(gate_e x[t]) * up_e x[t])
+ * summed in ascending expert order (as transformers' index_add over experts).
+ * Expert weights are stacked along rows: expert e's gate rows are
+ * gate_up rows [e*2*inter, e*2*inter + inter), its up rows the next inter;
+ * its down rows are down rows [e*dim, (e+1)*dim). Only the selected experts'
+ * rows are read. */
+#define KN_MOE_MAX_EXPERTS 1024
+
+typedef struct {
+    const float *x; /* [n_tokens, dim] */
+    float *out;     /* [n_tokens, dim], overwritten */
+    int n_tokens, dim, inter, n_experts, k, act; /* n_experts <= KN_MOE_MAX_EXPERTS */
+    const int32_t *idx; /* [n_tokens, k] expert ids in [0, n_experts) */
+    const float *w;     /* [n_tokens, k] routing weights */
+    const kn_weight *gate_up; /* [n_experts * 2 * inter, dim] */
+    const kn_weight *down;    /* [n_experts * dim, inter] */
+    float *scratch;           /* backend memory, kn_moe_scratch_floats(n_tokens, dim, inter, k) floats */
+} kn_moe_args;
+
+static inline size_t kn_moe_scratch_floats(int n_tokens, int dim, int inter, int k) {
+    return (size_t)n_tokens * (size_t)k * (2 * (size_t)dim + 3 * (size_t)inter) + (size_t)n_tokens * k * 2;
+}
 
 typedef struct kn_backend_vtbl {
     const char *name;
@@ -115,6 +166,19 @@ typedef struct kn_backend_vtbl {
     void (*add)(kn_backend *be, float *y, const float *x, int64_t n);
     void (*gather_rows)(kn_backend *be, const float *x, int64_t dim, const int32_t *rows, int n, float *out);
     void (*softmax)(kn_backend *be, float *x, int rows, int dim);
+    /* out[r] = index of the largest x[r, :] (the first one on ties; NaN never
+     * wins): greedy decoding without moving logits off the backend */
+    void (*argmax_rows)(kn_backend *be, const float *x, int rows, int dim, int32_t *out);
+    /* ---- whisper ---- */
+    /* im2col of a 1-D convolution, so that conv1d = matmul with torch's
+     * Conv1d weight [c_out, c_in, k] viewed as [c_out, c_in*k]. Input element
+     * (t, c), t < t_in, c < c_in, is x[t*x_t_stride + c*x_c_stride] (so a
+     * [c, t] mel and a [t, c] activation both work); out is [t_out, c_in*k]
+     * with out[t][c*k + j] = x(t*stride + j - pad, c), zero outside the input;
+     * t_out = (t_in + 2*pad - k) / stride + 1. */
+    void (*im2col_1d)(kn_backend *be, const float *x, int64_t x_t_stride, int64_t x_c_stride, int t_in, int c_in,
+                      int k, int stride, int pad, float *out);
+    void (*attention_dense)(kn_backend *be, const kn_dense_attention_args *a);
     /* measurement: sustained memory read bandwidth in bytes/s (the floor
      * that memory-bound decode is compared against) */
     double (*read_bandwidth)(kn_backend *be);
@@ -129,6 +193,21 @@ typedef struct kn_backend_vtbl {
     int (*graph_replay)(kn_backend *be, uint64_t key);
     int (*graph_begin)(kn_backend *be, uint64_t key);
     int (*graph_end)(kn_backend *be, uint64_t key);
+    /* optional: device memory free and total, in bytes (NULL on the CPU) */
+    void (*memory_info)(kn_backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* ---- model families ---- */
+    /* x[i] = cap * tanh(x[i] / cap) (gemma2 final logit soft-capping) */
+    void (*softcap)(kn_backend *be, float *x, int64_t n, float cap);
+    /* x[i] *= s (granite multipliers, gemma embedding scale) */
+    void (*scale)(kn_backend *be, float *x, int64_t n, float s);
+    /* y[r, :] += sigmoid(gate[r]) * x[r, :] for rows r (qwen2_moe shared expert) */
+    void (*sigmoid_gate_add)(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
+    /* MoE router: per row of logits [rows, n_experts], softmax, then the k
+     * largest probabilities (ties: lower expert id first) into idx/w [rows, k]
+     * in descending order; norm_topk: divide the k weights by their sum. */
+    void (*moe_route)(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
+                      int32_t *idx, float *w);
+    void (*moe_ffn)(kn_backend *be, const kn_moe_args *a);
 } kn_backend_vtbl;
 
 struct kn_backend {
@@ -139,6 +218,9 @@ struct kn_backend {
      * dtype before multiplying (tensor-core GEMM); 0 = x is always used in
      * float32. Tests build their reference accordingly. */
     int matmul_x_rounding_min_rows;
+    /* fraction of the device's memory this process may fill (weights, KV
+     * cache, scratch); 0 = 0.9. Used where memory_info exists. */
+    double memory_fraction;
 };
 
 /* Create a backend by name ("cpu", or "cuda" in builds with KILN_CUDA).

@@ -8,6 +8,14 @@
 int kn_cmd_run(int argc, char **argv);
 int kn_cmd_logits(int argc, char **argv);
 int kn_cmd_bench(int argc, char **argv);
+int kn_cmd_mel(int argc, char **argv);
+int kn_cmd_transcribe(int argc, char **argv);
+int kn_cmd_tokenize(int argc, char **argv);
+int kn_cmd_detokenize(int argc, char **argv);
+int kn_cmd_template(int argc, char **argv);
+
+/* `kiln run` with text (-p PROMPT / --chat) on an opened model; exit code. */
+int kn_run_text(kn_model *m, const char *dir, const char *prompt, int chat, const kn_sampling *s);
 int kn_cmd_serve(int argc, char **argv);
 
 /* Print "kiln: <message>" and return 1. */
@@ -19,6 +27,7 @@ typedef struct {
     const char *backend;
     int n_threads;
     const char *kv;
+    double gpu_memory; /* --gpu-memory fraction; 0 = the library default */
 } kn_cli_common;
 
 /* Try to consume a common option at argv[*i]; 1 = consumed, 0 = not ours, -1 = error printed. */

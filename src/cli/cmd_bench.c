@@ -24,17 +24,22 @@ static double now_s(void) {
 }
 
 typedef struct {
-    double read_gbs, prefill_tps, prefill_s, decode_tps, decode_s, weight_gb, floor_tps, gflops_prefill;
+    double read_gbs, prefill_tps, prefill_s, decode_tps, decode_s, weight_gb, floor_tps, gflops_prefill, ttft_s;
 } bench_result;
 
-static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, bench_result *r, kn_error *err) {
+/* host_logits 0: decode as a greedy engine does, the backend picks each
+ * token and only ids cross to the host; 1: every step's logits are copied to
+ * the host (what a host-side sampler needs). */
+static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_logits, bench_result *r,
+                         kn_error *err) {
     const int V = m->cfg.vocab_size;
     kn_kv_seq *seqs = calloc((size_t)batch, sizeof *seqs);
     kn_kv_seq **sp = calloc((size_t)batch, sizeof *sp);
     int32_t *tok = malloc((size_t)m->max_chunk * 4), *pos = malloc((size_t)m->max_chunk * 4),
             *sidx = malloc((size_t)m->max_chunk * 4), *rows = malloc((size_t)m->max_chunk * 4);
     float *logits = malloc((size_t)batch * V * sizeof(float));
-    kn_code rc = (!seqs || !sp || !tok || !pos || !sidx || !rows || !logits) ? kn_fail(err, KN_ERR_NOMEM, "out of memory") : KN_OK;
+    int32_t *next = malloc((size_t)batch * sizeof(int32_t));
+    kn_code rc = (!seqs || !sp || !tok || !pos || !sidx || !rows || !logits || !next) ? kn_fail(err, KN_ERR_NOMEM, "out of memory") : KN_OK;
     for (int b = 0; !rc && b < batch; b++) {
         sp[b] = &seqs[b];
         rc = kn_kv_seq_reserve(m->kv, &seqs[b], prompt + gen, err);
@@ -53,7 +58,7 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, bench_resu
     for (int w = 0; !rc && w < 2; w++) {
         for (int b = 0; b < batch; b++) tok[b] = (int32_t)(b % V), pos[b] = prompt, sidx[b] = b, rows[b] = b;
         kn_batch bt = {.n_tokens = batch, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = batch, .seqs = sp,
-                       .n_logits = batch, .logit_rows = rows};
+                       .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next};
         rc = kn_model_forward(m, &bt, logits, err);
     }
     /* prefill: each sequence's prompt, in chunks */
@@ -64,9 +69,10 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, bench_resu
             for (int i = 0; i < n; i++) tok[i] = (int32_t)((c0 + i) * 7919 % V), pos[i] = c0 + i, sidx[i] = 0;
             int32_t last = n - 1;
             kn_batch bt = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = 1, .seqs = &sp[b],
-                           .n_logits = c0 + n == prompt, .logit_rows = &last};
+                           .n_logits = c0 + n == prompt, .logit_rows = &last, .argmax = host_logits ? NULL : next};
             rc = kn_model_forward(m, &bt, logits, err);
         }
+        if (b == 0) r->ttft_s = now_s() - t0; /* first sequence: prompt in, first token out */
     }
     r->prefill_s = now_s() - t0;
     r->prefill_tps = (double)prompt * batch / r->prefill_s;
@@ -75,7 +81,7 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, bench_resu
     for (int g = 0; !rc && g < gen; g++) {
         for (int b = 0; b < batch; b++) tok[b] = (int32_t)((g * 31 + b) % V), pos[b] = prompt + g, sidx[b] = b, rows[b] = b;
         kn_batch bt = {.n_tokens = batch, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = batch, .seqs = sp,
-                       .n_logits = batch, .logit_rows = rows};
+                       .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next};
         rc = kn_model_forward(m, &bt, logits, err);
     }
     r->decode_s = now_s() - t1;
@@ -93,7 +99,7 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, bench_resu
     }
     r->gflops_prefill = 2.0 * elems * prompt * batch / r->prefill_s / 1e9;
     for (int b = 0; b < batch && seqs; b++) kn_kv_seq_release(m->kv, &seqs[b]);
-    free(seqs), free(sp), free(tok), free(pos), free(sidx), free(rows), free(logits);
+    free(seqs), free(sp), free(tok), free(pos), free(sidx), free(rows), free(logits), free(next);
     return rc;
 }
 
@@ -101,7 +107,7 @@ int kn_cmd_bench(int argc, char **argv) {
     kn_cli_common common = {0};
     const char *model = NULL, *synthetic = NULL, *dtype_arg = NULL;
     long prompt = 128, gen = 64, batch = 1;
-    int json = 0;
+    int json = 0, host_logits = 0;
     kn_error err = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -111,6 +117,7 @@ int kn_cmd_bench(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         kn_code rc = KN_OK;
         if (!strcmp(a, "--json")) { json = 1; continue; }
+        if (!strcmp(a, "--host-logits")) { host_logits = 1; continue; }
         if (a[0] != '-') {
             if (model) return kn_cli_usage_error("bench: unexpected argument \"%s\"", a);
             model = a;
@@ -153,6 +160,7 @@ int kn_cmd_bench(int argc, char **argv) {
             kn_synthetic_free(syn);
             return kn_cli_error(&err);
         }
+        be->memory_fraction = common.gpu_memory;
         kn_tensor_source src = kn_synthetic_source(syn);
         if ((rc = kn_model_build(&cfg, &src, be, ctx, (int)batch, &m, &err))) {
             kn_synthetic_free(syn);
@@ -163,28 +171,33 @@ int kn_cmd_bench(int argc, char **argv) {
         if (batch != 1) return kn_cli_usage_error("bench MODEL: --batch > 1 needs --synthetic in this build");
         char dir[4096];
         if ((rc = kn_resolve_model_path(model, dir, sizeof dir, &err))) return kn_cli_error(&err);
-        kn_model_options o = {.backend = common.backend, .n_threads = common.n_threads, .max_context = ctx};
+        kn_model_options o = {.backend = common.backend, .n_threads = common.n_threads, .max_context = ctx,
+                              .gpu_memory = common.gpu_memory};
         if ((rc = kn_model_open(dir, &o, &m, &err))) return kn_cli_error(&err);
         snprintf(label, sizeof label, "%s", dir);
     }
     bench_result r = {0};
-    rc = run_bench(m, (int)prompt, (int)gen, (int)batch, &r, &err);
+    rc = run_bench(m, (int)prompt, (int)gen, (int)batch, host_logits, &r, &err);
     if (!rc) {
         if (json)
             printf("{\"model\": \"%s\", \"desc\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"prompt\": %ld, "
                    "\"gen\": %ld, \"batch\": %ld, \"weight_gb\": %.4f, \"read_bandwidth_gbs\": %.2f, "
                    "\"prefill_tok_s\": %.2f, \"prefill_gflops\": %.1f, \"decode_tok_s\": %.2f, "
-                   "\"decode_floor_tok_s\": %.2f, \"decode_fraction_of_floor\": %.3f}\n",
+                   "\"decode_floor_tok_s\": %.2f, \"decode_fraction_of_floor\": %.3f, \"ttft_ms\": %.2f, "
+                   "\"sampling\": \"%s\"}\n",
                    label, m->desc, m->be->vt->name, m->be->n_threads, prompt, gen, batch, r.weight_gb, r.read_gbs,
-                   r.prefill_tps, r.gflops_prefill, r.decode_tps, r.floor_tps, r.decode_tps / r.floor_tps);
+                   r.prefill_tps, r.gflops_prefill, r.decode_tps, r.floor_tps, r.decode_tps / r.floor_tps,
+                   r.ttft_s * 1e3, host_logits ? "host logits" : "backend greedy");
         else
             printf("model    %s\n         %s\nbackend  %s, %d threads\nweights  %.3f GB read per decode step\n"
                    "memory   %.1f GB/s read bandwidth (measured now)\n"
                    "prefill  %ld tokens x %ld: %.1f tok/s (%.1f GFLOP/s in matmuls)\n"
-                   "decode   %ld tokens x %ld: %.2f tok/s; floor %.2f tok/s -> %.1f%% of the memory floor\n",
+                   "decode   %ld tokens x %ld: %.2f tok/s; floor %.2f tok/s -> %.1f%% of the memory floor (%s)\n"
+                   "ttft     %.2f ms (first sequence)\n",
                    label, m->desc, m->be->vt->name, m->be->n_threads, r.weight_gb, r.read_gbs, prompt, batch,
                    r.prefill_tps, r.gflops_prefill, gen, batch, r.decode_tps, r.floor_tps,
-                   100.0 * r.decode_tps / r.floor_tps);
+                   100.0 * r.decode_tps / r.floor_tps, host_logits ? "host logits" : "backend greedy",
+                   r.ttft_s * 1e3);
     }
     kn_model_close(m);
     kn_synthetic_free(syn);

@@ -11,14 +11,21 @@ static const char usage[] =
     "usage: kiln <command> [options]\n"
     "\n"
     "commands:\n"
-    "  run MODEL --ids 1,2,3 [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--ignore-eos]\n"
+    "  run MODEL -p TEXT | --chat [-p TEXT] | --ids 1,2,3 [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--ignore-eos]\n"
     "        generate; with --ids the generated ids are printed to stdout, space-separated\n"
-    "  logits MODEL --ids 1,2,3 --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
+    "  logits MODEL --ids 1,2,3 [--mel FILE.npy] --out FILE.npy   teacher-forced float32 logits [n_ids, vocab]\n"
+    "  mel AUDIO [--n-mels 80|128] --out FILE.npy   Whisper log-mel of the first 30 s, float32 [n_mels, 3000]\n"
+    "  transcribe AUDIO --model WHISPER [--language L] [--task transcribe|translate] [--beam-size N] [--prompt TEXT]\n"
+    "        [--format text|json|verbose_json|srt|vtt|tokens] [--no-timestamps] [--temperature T] [--no-fallback]\n"
+    "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--host-logits] [--json]\n"
+    "  tokenize MODEL TEXT [--special] [--json]   ids of TEXT (\"-\": stdin); --special adds BOS/EOS etc.\n"
+    "  detokenize MODEL IDS... [--skip-special]   text of the ids\n"
+    "  template MODEL --messages F.json [--tools F.json] [--no-generation-prompt] [--kwargs JSON] [--variant NAME]\n"
+    "        render the model's chat template (as transformers' apply_chat_template) to stdout\n"
     "  serve MODEL [--host 127.0.0.1] [--port 8080] [--max-batch 8] [--api-key KEY] [--ctx N]\n"
     "        OpenAI/Anthropic-compatible HTTP server (see docs/SERVER.md)\n"
-    "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--json]\n"
     "\n"
-    "common options: --backend cpu  --threads N  --kv f32\n"
+    "common options: --backend cpu|cuda  --threads N  --kv f32  --gpu-memory FRACTION (of GPU memory; default 0.9)\n"
     "MODEL is a directory in Hugging Face layout or a repo id present in the HF cache.\n";
 
 int kn_cli_error(const kn_error *err) {
@@ -39,14 +46,19 @@ int kn_cli_usage_error(const char *fmt, ...) {
 int kn_cli_common_opt(kn_cli_common *c, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     kn_error err = {0};
-    if (!strcmp(a, "--backend") || !strcmp(a, "--threads") || !strcmp(a, "--kv")) {
+    if (!strcmp(a, "--backend") || !strcmp(a, "--threads") || !strcmp(a, "--kv") || !strcmp(a, "--gpu-memory")) {
         if (*i + 1 >= argc) {
             kn_cli_usage_error("%s needs a value", a);
             return -1;
         }
         const char *v = argv[++*i];
         if (!strcmp(a, "--backend")) c->backend = v;
-        else if (!strcmp(a, "--kv")) {
+        else if (!strcmp(a, "--gpu-memory")) {
+            if (kn_parse_float(a, v, 0.05, 1.0, &c->gpu_memory, &err)) {
+                kn_cli_error(&err);
+                return -1;
+            }
+        } else if (!strcmp(a, "--kv")) {
             if (strcmp(v, "f32") != 0) {
                 kn_cli_usage_error("--kv %s: KV format not available in this build (supported: f32)", v);
                 return -1;
@@ -78,12 +90,16 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return kn_cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return kn_cmd_logits(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return kn_cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "tokenize")) return kn_cmd_tokenize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "detokenize")) return kn_cmd_detokenize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "template")) return kn_cmd_template(argc - 2, argv + 2);
     if (!strcmp(cmd, "serve")) return kn_cmd_serve(argc - 2, argv + 2);
-    static const char *const later[] = {"tokenize", "detokenize", "template", "mel", "transcribe",
-                                        "quantize", "pull", "ls", "fit"};
+    if (!strcmp(cmd, "mel")) return kn_cmd_mel(argc - 2, argv + 2);
+    if (!strcmp(cmd, "transcribe")) return kn_cmd_transcribe(argc - 2, argv + 2);
+    static const char *const later[] = {"quantize", "pull", "ls", "fit"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(cmd, later[i])) {
-            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench)\n", cmd);
+            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, serve, tokenize, detokenize, template, mel, transcribe)\n", cmd);
             return 2;
         }
     return kn_cli_usage_error("unknown command \"%s\"", cmd);

@@ -59,6 +59,9 @@ kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_s
     if (limit > m->max_context) limit = m->max_context;
     if (!rc) rc = kn_kv_seq_reserve(m->kv, &seq, limit, err);
 
+    /* greedy: the backend picks the token, only its id crosses to the host */
+    const int greedy = sp->temperature <= 0.0f || sp->top_k == 1;
+    int32_t next = 0;
     double t0 = now_seconds();
     for (int c0 = 0; !rc && c0 < n_prompt; c0 += m->max_chunk) {
         int n = n_prompt - c0 < m->max_chunk ? n_prompt - c0 : m->max_chunk;
@@ -66,7 +69,7 @@ kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_s
         int32_t last = n - 1;
         int want = c0 + n == n_prompt;
         kn_batch b = {.n_tokens = n, .tokens = prompt + c0, .pos = pos, .seq = sidx, .n_seqs = 1, .seqs = seqs,
-                      .n_logits = want, .logit_rows = &last};
+                      .n_logits = want, .logit_rows = &last, .argmax = greedy ? &next : NULL};
         rc = kn_model_forward(m, &b, logits, err);
         seq.n_tokens = c0 + n;
     }
@@ -74,7 +77,7 @@ kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_s
     st.prefill_seconds = t1 - t0;
     int p = n_prompt;
     while (!rc && st.n_generated < sp->max_new_tokens) {
-        int32_t tok = kn_sample(logits, V, sp, &rng, &scratch);
+        int32_t tok = greedy ? next : kn_sample(logits, V, sp, &rng, &scratch);
         st.n_generated++;
         int stop = cb ? cb(tok, user) : 0;
         if (stop || (!sp->ignore_eos && is_eos(&m->cfg, tok)) || st.n_generated >= sp->max_new_tokens ||
@@ -82,7 +85,7 @@ kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_s
             break;
         int32_t row = 0;
         kn_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &p, .seq = sidx, .n_seqs = 1, .seqs = seqs,
-                      .n_logits = 1, .logit_rows = &row};
+                      .n_logits = 1, .logit_rows = &row, .argmax = greedy ? &next : NULL};
         rc = kn_model_forward(m, &b, logits, err);
         seq.n_tokens = ++p;
     }

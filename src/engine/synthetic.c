@@ -78,6 +78,16 @@ static kn_code add(kn_synthetic *s, kn_dtype dt, int64_t rows, int64_t cols, flo
     return KN_OK;
 }
 
+/* A 3-D tensor [d0, d1, d2] (transformers 5's fused experts). */
+static kn_code add3(kn_synthetic *s, kn_dtype dt, int64_t d0, int64_t d1, int64_t d2, float scale, uint64_t seed,
+                    int n_threads, kn_error *err, const char *fmt, int layer) {
+    kn_code rc = add(s, dt, d0 * d1, d2, 0, scale, seed, n_threads, err, fmt, layer);
+    if (rc) return rc;
+    kn_st_tensor *t = &s->t[s->n - 1];
+    t->ndim = 3, t->shape[0] = d0, t->shape[1] = d1, t->shape[2] = d2;
+    return KN_OK;
+}
+
 kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed, int n_threads, kn_synthetic **out,
                             kn_error *err) {
     *out = NULL;
@@ -89,6 +99,9 @@ kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed
     const int64_t H = c->hidden_size, I = c->intermediate_size, q = (int64_t)c->n_heads * c->head_dim,
                   kv = (int64_t)c->n_kv_heads * c->head_dim;
     const float ws = 0.02f;
+    /* norms are 1 + noise, except where the family scales by (1 + w) */
+    const float nc = c->norm_weight_offset != 0.0 ? 0.0f : 1.0f;
+    const kn_norm_names nn = kn_family_norms(c);
     kn_code rc = add(s, dt, c->vocab_size, H, 0, ws, seed, n_threads, err, "model.embed_tokens.weight", 0);
     for (int l = 0; !rc && l < c->n_layers; l++) {
         if (c->fused_qkv) rc = add(s, dt, q + 2 * kv, H, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.qkv_proj.weight", l);
@@ -103,20 +116,43 @@ kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed
             if (!rc) rc = add(s, dt, kv, 0, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.v_proj.bias", l);
         }
         if (!rc) rc = add(s, dt, H, q, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.o_proj.weight", l);
-        if (!rc && c->fused_gate_up) rc = add(s, dt, 2 * I, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.gate_up_proj.weight", l);
-        else if (!rc) {
-            rc = add(s, dt, I, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.gate_proj.weight", l);
-            if (!rc) rc = add(s, dt, I, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.up_proj.weight", l);
+        if (rc) break;
+        if (c->n_experts > 0 && c->layer_moe[l]) {
+            const int64_t E = c->n_experts, MI = c->moe_intermediate_size, SI = c->shared_expert_intermediate_size;
+            rc = add(s, dt, E, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.gate.weight", l);
+            if (!rc) rc = add3(s, dt, E, 2 * MI, H, ws, seed, n_threads, err, "model.layers.%d.mlp.experts.gate_up_proj", l);
+            if (!rc) rc = add3(s, dt, E, H, MI, ws, seed, n_threads, err, "model.layers.%d.mlp.experts.down_proj", l);
+            if (!rc && SI) {
+                rc = add(s, dt, SI, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+                if (!rc) rc = add(s, dt, SI, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+                if (!rc) rc = add(s, dt, H, SI, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+                if (!rc) rc = add(s, dt, 1, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+            }
+        } else if (!c->mlp_gated) {
+            rc = add(s, dt, I, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.c_fc.weight", l);
+            if (!rc) rc = add(s, dt, H, I, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.c_proj.weight", l);
+        } else {
+            if (c->fused_gate_up) rc = add(s, dt, 2 * I, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.gate_up_proj.weight", l);
+            else {
+                rc = add(s, dt, I, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.gate_proj.weight", l);
+                if (!rc) rc = add(s, dt, I, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.up_proj.weight", l);
+            }
+            if (!rc) rc = add(s, dt, H, I, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.down_proj.weight", l);
         }
-        if (!rc) rc = add(s, dt, H, I, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.down_proj.weight", l);
-        if (!rc) rc = add(s, dt, H, 0, 1, 0.1f, seed, n_threads, err, "model.layers.%d.input_layernorm.weight", l);
-        if (!rc) rc = add(s, dt, H, 0, 1, 0.1f, seed, n_threads, err, "model.layers.%d.post_attention_layernorm.weight", l);
-        if (!rc && c->qk_norm) {
-            rc = add(s, dt, c->head_dim, 0, 1, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.q_norm.weight", l);
-            if (!rc) rc = add(s, dt, c->head_dim, 0, 1, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.k_norm.weight", l);
+        const char *norms[4] = {nn.pre_attn, nn.post_attn, nn.pre_mlp, nn.post_mlp};
+        for (int i = 0; i < 4 && !rc; i++) {
+            if (!norms[i]) continue;
+            char fmt[160];
+            snprintf(fmt, sizeof fmt, "model.layers.%%d.%s.weight", norms[i]);
+            rc = add(s, dt, H, 0, nc, 0.1f, seed, n_threads, err, fmt, l);
+        }
+        if (!rc && c->qk_norm_kind != KN_QK_NORM_NONE) {
+            int full = c->qk_norm_kind == KN_QK_NORM_FULL;
+            rc = add(s, dt, full ? q : c->head_dim, 0, nc, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.q_norm.weight", l);
+            if (!rc) rc = add(s, dt, full ? kv : c->head_dim, 0, nc, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.k_norm.weight", l);
         }
     }
-    if (!rc) rc = add(s, dt, H, 0, 1, 0.1f, seed, n_threads, err, "model.norm.weight", 0);
+    if (!rc) rc = add(s, dt, H, 0, nc, 0.1f, seed, n_threads, err, "model.norm.weight", 0);
     if (!rc && !c->tie_word_embeddings) rc = add(s, dt, c->vocab_size, H, 0, ws, seed, n_threads, err, "lm_head.weight", 0);
     if (rc) {
         kn_synthetic_free(s);

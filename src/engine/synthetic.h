@@ -7,7 +7,8 @@
 
 typedef struct kn_synthetic kn_synthetic;
 
-/* Create every tensor a Llama-family checkpoint of cfg has, with values
+/* Create every tensor a checkpoint of cfg's family has (MoE experts in
+ * transformers 5's fused layout), with values
  * uniform in [-scale, scale], in dtype dt. The store must outlive models
  * built from it (they use its memory in place). */
 kn_code kn_synthetic_create(const kn_model_config *cfg, kn_dtype dt, uint64_t seed, int n_threads,

@@ -11,16 +11,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h" /* KN_MOE_MAX_EXPERTS */
 #include "io/file_util.h"
 
 static const char *const arch_names[KN_ARCH_COUNT] = {
-    [KN_ARCH_LLAMA] = "llama", [KN_ARCH_MISTRAL] = "mistral", [KN_ARCH_QWEN2] = "qwen2",
-    [KN_ARCH_QWEN3] = "qwen3", [KN_ARCH_PHI3] = "phi3",
+    [KN_ARCH_LLAMA] = "llama",         [KN_ARCH_MISTRAL] = "mistral",     [KN_ARCH_QWEN2] = "qwen2",
+    [KN_ARCH_QWEN3] = "qwen3",         [KN_ARCH_PHI3] = "phi3",           [KN_ARCH_GEMMA] = "gemma",
+    [KN_ARCH_GEMMA2] = "gemma2",       [KN_ARCH_GEMMA3] = "gemma3_text",  [KN_ARCH_QWEN2_MOE] = "qwen2_moe",
+    [KN_ARCH_QWEN3_MOE] = "qwen3_moe", [KN_ARCH_MIXTRAL] = "mixtral",     [KN_ARCH_OLMO2] = "olmo2",
+    [KN_ARCH_GRANITE] = "granite",     [KN_ARCH_STARCODER2] = "starcoder2", [KN_ARCH_GLM4] = "glm4",
+    [KN_ARCH_SMOLLM3] = "smollm3",
 };
+_Static_assert(sizeof arch_names / sizeof *arch_names == KN_ARCH_COUNT, "one name per architecture");
+
+/* Multimodal checkpoints whose language model kiln runs: model_type -> the
+ * key holding the text model's config. Everything else in them is ignored
+ * (and said so: see kn_model_config.ignored_configs). */
+static const struct {
+    const char *model_type, *text_key;
+} wrappers[] = {{"gemma3", "text_config"}};
 
 const char *kn_arch_name(kn_arch a) { return (unsigned)a < KN_ARCH_COUNT ? arch_names[a] : "?"; }
 
-const char *kn_supported_model_types(void) { return "llama, mistral, qwen2, qwen3, phi3"; }
+const char *kn_supported_model_types(void) {
+    return "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gemma3 (its text model), qwen2_moe, "
+           "qwen3_moe, mixtral, olmo2, granite, starcoder2, glm4, smollm3";
+}
 
 /* ---- small typed getters: absent/null -> default; wrong type -> error ---- */
 
@@ -121,19 +137,15 @@ bad:
     return -1;
 }
 
-static int parse_rope(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
-    kn_rope_config *r = &cfg->rope;
-    /* transformers 5 writes rope_parameters {rope_type, rope_theta, ...};
-     * published checkpoints write rope_theta + rope_scaling {type|rope_type}. */
-    json_t *rs = json_object_get(root, "rope_parameters");
-    if (!rs || json_is_null(rs)) rs = json_object_get(root, "rope_scaling");
-    if (rs && !json_is_null(rs) && !json_is_object(rs)) {
+/* One RoPE setting: top-level keys of root, overridden by the object rs
+ * (NULL = none). theta_default applies when neither names a theta. */
+static int parse_rope_obj(cfg_ctx *c, json_t *root, json_t *rs, double theta_default, kn_rope_config *r) {
+    if (rs && !json_is_object(rs)) {
         c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: rope scaling must be an object", c->where);
         return -1;
     }
-    if (rs && json_is_null(rs)) rs = NULL;
     double theta_top;
-    if (get_num(c, root, "rope_theta", 10000.0, &theta_top)) return -1;
+    if (get_num(c, root, "rope_theta", theta_default, &theta_top)) return -1;
     r->theta = theta_top;
     if (rs && get_num(c, rs, "rope_theta", theta_top, &r->theta)) return -1;
     if (get_num(c, root, "partial_rotary_factor", 1.0, &r->partial_rotary_factor)) return -1;
@@ -193,6 +205,42 @@ static int parse_rope(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     return 0;
 }
 
+static json_t *object_or_null(json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static int parse_rope(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
+    /* transformers 5 writes rope_parameters {rope_type, rope_theta, ...}, or
+     * for models with per-layer-type RoPE (gemma3) one such object per layer
+     * type; published checkpoints write rope_theta + rope_scaling. */
+    json_t *rs = object_or_null(root, "rope_parameters");
+    if (!rs) rs = object_or_null(root, "rope_scaling");
+    if (cfg->arch != KN_ARCH_GEMMA3) return parse_rope_obj(c, root, rs, 10000.0, &cfg->rope);
+    cfg->has_local_rope = 1;
+    if (rs && json_is_object(rs) && (json_object_get(rs, "full_attention") || json_object_get(rs, "sliding_attention"))) {
+        json_t *full = object_or_null(rs, "full_attention"), *slide = object_or_null(rs, "sliding_attention");
+        if (parse_rope_obj(c, root, full, 1000000.0, &cfg->rope)) return -1;
+        return parse_rope_obj(c, root, slide, 10000.0, &cfg->rope_local);
+    }
+    /* transformers 4 layout: rope_scaling applies to global layers only, local
+     * layers use the default rope at rope_local_base_freq */
+    if (parse_rope_obj(c, root, rs, 1000000.0, &cfg->rope)) return -1;
+    double local;
+    if (get_num(c, root, "rope_local_base_freq", 10000.0, &local)) return -1;
+    memset(&cfg->rope_local, 0, sizeof cfg->rope_local);
+    cfg->rope_local.type = KN_ROPE_DEFAULT;
+    cfg->rope_local.theta = local;
+    cfg->rope_local.factor = 1.0;
+    cfg->rope_local.partial_rotary_factor = 1.0;
+    cfg->rope_local.truncate = 1;
+    if (!(local > 0)) {
+        c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: rope_local_base_freq must be positive", c->where);
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_layer_windows(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     json_t *lt = json_object_get(root, "layer_types");
     if (lt && json_is_array(lt)) {
@@ -216,7 +264,27 @@ static int parse_layer_windows(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     int window_all = 0;
     switch (cfg->arch) {
     case KN_ARCH_MISTRAL:
+    case KN_ARCH_MIXTRAL:
+    case KN_ARCH_STARCODER2:
     case KN_ARCH_PHI3: window_all = cfg->sliding_window > 0; break;
+    case KN_ARCH_GEMMA2:
+    case KN_ARCH_GEMMA3: {
+        /* transformers' default layer pattern: every `pattern`-th layer is global */
+        int pattern = 2;
+        if (cfg->arch == KN_ARCH_GEMMA3 && get_int(c, root, "sliding_window_pattern", 6, &pattern)) return -1;
+        if (pattern <= 0) pattern = 1;
+        for (int i = 0; i < cfg->n_layers; i++) cfg->layer_sliding[i] = cfg->sliding_window > 0 && (i + 1) % pattern != 0;
+        return 0;
+    }
+    case KN_ARCH_SMOLLM3: {
+        /* transformers' default: with use_sliding_window, the NoPE layers slide */
+        int use = 0;
+        if (get_bool(c, root, "use_sliding_window", 0, &use)) return -1;
+        for (int i = 0; i < cfg->n_layers; i++) cfg->layer_sliding[i] = use && cfg->sliding_window > 0 && !cfg->layer_rope[i];
+        return 0;
+    }
+    case KN_ARCH_QWEN2_MOE:
+    case KN_ARCH_QWEN3_MOE:
     case KN_ARCH_QWEN2:
     case KN_ARCH_QWEN3: {
         int use = 0, max_window_layers = cfg->n_layers;
@@ -232,24 +300,224 @@ static int parse_layer_windows(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     return 0;
 }
 
+/* A number that may be JSON null meaning "off" (0), absent meaning def. */
+static int get_num_or_off(cfg_ctx *c, json_t *obj, const char *key, double def, double *out) {
+    json_t *v = json_object_get(obj, key);
+    if (v && json_is_null(v)) { *out = 0.0; return 0; }
+    return get_num(c, obj, key, def, out);
+}
+
+static int parse_activation(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
+    int gemma = cfg->arch == KN_ARCH_GEMMA || cfg->arch == KN_ARCH_GEMMA2 || cfg->arch == KN_ARCH_GEMMA3;
+    const char *act = NULL;
+    /* transformers 5.17: gemma2/3 read hidden_activation, gemma (1) reads hidden_act */
+    if (gemma && cfg->arch != KN_ARCH_GEMMA) act = json_string_value(json_object_get(root, "hidden_activation"));
+    if (!act) act = json_string_value(json_object_get(root, "hidden_act"));
+    if (!act) act = gemma ? "gelu_pytorch_tanh" : cfg->arch == KN_ARCH_STARCODER2 ? "gelu_pytorch_tanh" : "silu";
+    if (!strcmp(act, "silu") || !strcmp(act, "swish")) cfg->act = 0;
+    else if (!strcmp(act, "gelu_pytorch_tanh") || !strcmp(act, "gelu_new") || !strcmp(act, "gelu_fast")) cfg->act = 1;
+    else if (!strcmp(act, "gelu")) cfg->act = 2;
+    else {
+        c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
+                          "%s: hidden activation \"%s\" is not supported for %s (supported: silu, gelu, "
+                          "gelu_pytorch_tanh, gelu_new)", c->where, act, cfg->model_type);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_moe(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
+    int step = 1;
+    if (cfg->arch == KN_ARCH_MIXTRAL) {
+        if (get_int(c, root, "num_local_experts", 8, &cfg->n_experts) ||
+            get_int(c, root, "num_experts_per_tok", 2, &cfg->n_experts_per_tok))
+            return -1;
+        cfg->moe_intermediate_size = cfg->intermediate_size;
+        cfg->norm_topk_prob = 1;
+    } else {
+        int q2 = cfg->arch == KN_ARCH_QWEN2_MOE;
+        /* transformers 5 saves qwen3_moe's num_experts as num_local_experts */
+        const char *ne = json_object_get(root, "num_experts") ? "num_experts" : "num_local_experts";
+        if (get_int(c, root, ne, q2 ? 60 : 128, &cfg->n_experts) ||
+            get_int(c, root, "num_experts_per_tok", q2 ? 4 : 8, &cfg->n_experts_per_tok) ||
+            get_int(c, root, "moe_intermediate_size", q2 ? 1408 : 768, &cfg->moe_intermediate_size) ||
+            get_bool(c, root, "norm_topk_prob", 0, &cfg->norm_topk_prob) ||
+            get_int(c, root, "decoder_sparse_step", 1, &step))
+            return -1;
+        if (q2 && get_int(c, root, "shared_expert_intermediate_size", 5632, &cfg->shared_expert_intermediate_size))
+            return -1;
+    }
+    if (cfg->n_experts < 1 || cfg->n_experts > KN_MOE_MAX_EXPERTS || cfg->n_experts_per_tok < 1 ||
+        cfg->n_experts_per_tok > cfg->n_experts || cfg->n_experts_per_tok > 64 || cfg->moe_intermediate_size <= 0 ||
+        cfg->shared_expert_intermediate_size < 0 || step < 1) {
+        c->code = kn_fail(c->err, KN_ERR_FORMAT,
+                          "%s: MoE sizes out of range (experts %d, per token %d, expert ffn %d, shared ffn %d, "
+                          "sparse step %d)", c->where, cfg->n_experts, cfg->n_experts_per_tok,
+                          cfg->moe_intermediate_size, cfg->shared_expert_intermediate_size, step);
+        return -1;
+    }
+    for (int i = 0; i < cfg->n_layers; i++) cfg->layer_moe[i] = (i + 1) % step == 0;
+    json_t *dense = json_object_get(root, "mlp_only_layers");
+    if (dense && !json_is_null(dense)) {
+        size_t i;
+        json_t *e;
+        if (!json_is_array(dense)) goto bad_list;
+        json_array_foreach(dense, i, e) {
+            if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= cfg->n_layers)
+                goto bad_list;
+            cfg->layer_moe[json_integer_value(e)] = 0;
+        }
+    }
+    return 0;
+bad_list:
+    c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: mlp_only_layers must be a list of layer indices", c->where);
+    return -1;
+}
+
+/* smollm3: no_rope_layers[i] = 1 uses RoPE, 0 is a NoPE layer */
+static int parse_rope_layers(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
+    for (int i = 0; i < cfg->n_layers; i++) cfg->layer_rope[i] = 1;
+    if (cfg->arch != KN_ARCH_SMOLLM3) return 0;
+    json_t *v = json_object_get(root, "no_rope_layers");
+    if (v && !json_is_null(v)) {
+        if (!json_is_array(v) || (int)json_array_size(v) != cfg->n_layers) {
+            c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: no_rope_layers must list one 0/1 per layer", c->where);
+            return -1;
+        }
+        for (int i = 0; i < cfg->n_layers; i++) {
+            json_t *e = json_array_get(v, (size_t)i);
+            if (!json_is_integer(e) && !json_is_boolean(e)) {
+                c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: no_rope_layers[%d] must be 0 or 1", c->where, i);
+                return -1;
+            }
+            cfg->layer_rope[i] = json_is_boolean(e) ? json_is_true(e) : json_integer_value(e) != 0;
+        }
+        return 0;
+    }
+    int interval;
+    if (get_int(c, root, "no_rope_layer_interval", 4, &interval)) return -1;
+    for (int i = 0; i < cfg->n_layers; i++) cfg->layer_rope[i] = interval <= 0 || (i + 1) % interval != 0;
+    return 0;
+}
+
+/* The per-family feature table: everything the shared decoder needs to know
+ * beyond sizes, from model_type and the family's config keys. */
+static int parse_family(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
+    const kn_arch a = cfg->arch;
+    cfg->mlp_gated = 1;
+    cfg->embed_scale = cfg->residual_scale = cfg->logit_scale = 1.0;
+    cfg->attn_scale = 1.0 / sqrt((double)cfg->head_dim);
+    if (parse_activation(c, root, cfg)) return -1;
+    switch (a) {
+    case KN_ARCH_GEMMA:
+    case KN_ARCH_GEMMA2:
+    case KN_ARCH_GEMMA3: {
+        cfg->norm_weight_offset = 1.0;
+        cfg->embed_scale = (float)sqrt((double)cfg->hidden_size); /* a float32 tensor in transformers */
+        if (a == KN_ARCH_GEMMA) break;
+        cfg->norm_layout = KN_NORMS_SANDWICH;
+        double qpas;
+        if (get_num(c, root, "query_pre_attn_scalar", 256.0, &qpas)) return -1;
+        if (!(qpas > 0)) {
+            c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: query_pre_attn_scalar must be positive", c->where);
+            return -1;
+        }
+        cfg->attn_scale = pow(qpas, -0.5);
+        if (get_num_or_off(c, root, "attn_logit_softcapping", a == KN_ARCH_GEMMA2 ? 50.0 : 0.0, &cfg->attn_softcap) ||
+            get_num_or_off(c, root, "final_logit_softcapping", a == KN_ARCH_GEMMA2 ? 30.0 : 0.0, &cfg->final_softcap))
+            return -1;
+        if (cfg->attn_softcap < 0 || cfg->final_softcap < 0) {
+            c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: soft-capping values must not be negative", c->where);
+            return -1;
+        }
+        if (a == KN_ARCH_GEMMA3) cfg->qk_norm_kind = KN_QK_NORM_HEAD;
+        break;
+    }
+    case KN_ARCH_QWEN3:
+    case KN_ARCH_QWEN3_MOE: cfg->qk_norm_kind = KN_QK_NORM_HEAD; break;
+    case KN_ARCH_OLMO2:
+        cfg->norm_layout = KN_NORMS_POST;
+        cfg->qk_norm_kind = KN_QK_NORM_FULL;
+        break;
+    case KN_ARCH_GRANITE: {
+        double logits_scaling;
+        if (get_num(c, root, "embedding_multiplier", 1.0, &cfg->embed_scale) ||
+            get_num(c, root, "residual_multiplier", 1.0, &cfg->residual_scale) ||
+            get_num(c, root, "attention_multiplier", 1.0, &cfg->attn_scale) ||
+            get_num(c, root, "logits_scaling", 1.0, &logits_scaling))
+            return -1;
+        if (!(logits_scaling != 0) || !isfinite(cfg->embed_scale) || !isfinite(cfg->residual_scale) ||
+            !isfinite(cfg->attn_scale)) {
+            c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: granite multipliers must be finite, logits_scaling non-zero",
+                              c->where);
+            return -1;
+        }
+        cfg->logit_scale = 1.0 / logits_scaling;
+        break;
+    }
+    case KN_ARCH_STARCODER2:
+        cfg->layer_norm = 1;
+        cfg->mlp_gated = 0;
+        if (get_num(c, root, "norm_epsilon", 1e-5, &cfg->rms_norm_eps)) return -1;
+        break;
+    case KN_ARCH_GLM4:
+        cfg->norm_layout = KN_NORMS_SANDWICH;
+        cfg->rope_interleaved = 1;
+        cfg->fused_gate_up = 1;
+        break;
+    default: break;
+    }
+    if (a == KN_ARCH_QWEN2_MOE || a == KN_ARCH_QWEN3_MOE || a == KN_ARCH_MIXTRAL) {
+        if (parse_moe(c, root, cfg)) return -1;
+    }
+    return parse_rope_layers(c, root, cfg);
+}
+
 kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size_t gen_len,
                         const char *where, kn_model_config *cfg, kn_error *err) {
     memset(cfg, 0, sizeof *cfg);
     cfg_ctx c = {.where = where, .err = err, .code = KN_ERR_FORMAT};
     json_error_t jerr;
-    json_t *root = json_loadb(json, len, 0, &jerr);
-    if (!root) return kn_fail(err, KN_ERR_FORMAT, "%s: invalid JSON at line %d: %s", where, jerr.line, jerr.text);
-    json_t *gen = NULL;
+    json_t *outer = json_loadb(json, len, 0, &jerr);
+    if (!outer) return kn_fail(err, KN_ERR_FORMAT, "%s: invalid JSON at line %d: %s", where, jerr.line, jerr.text);
+    json_t *gen = NULL, *root = outer;
     kn_code rc = KN_ERR_FORMAT;
-    if (!json_is_object(root)) {
+    if (!json_is_object(outer)) {
         rc = kn_fail(err, KN_ERR_FORMAT, "%s: top level must be a JSON object", where);
         goto done;
     }
-    const char *mt = json_string_value(json_object_get(root, "model_type"));
+    const char *mt = json_string_value(json_object_get(outer, "model_type"));
     if (!mt) {
         rc = kn_fail(err, KN_ERR_FORMAT, "%s: missing \"model_type\" (supported: %s)", where,
                      kn_supported_model_types());
         goto done;
+    }
+    /* multimodal wrappers: run the language model, say what is ignored */
+    for (size_t w = 0; w < sizeof wrappers / sizeof *wrappers; w++) {
+        if (strcmp(mt, wrappers[w].model_type) != 0) continue;
+        json_t *text = json_object_get(outer, wrappers[w].text_key);
+        if (!text || !json_is_object(text)) {
+            rc = kn_fail(err, KN_ERR_FORMAT, "%s: model_type \"%s\" needs a \"%s\" object (its language model)", where,
+                         mt, wrappers[w].text_key);
+            goto done;
+        }
+        snprintf(cfg->wrapper_type, sizeof cfg->wrapper_type, "%s", mt);
+        const char *key;
+        json_t *v;
+        size_t n = 0;
+        json_object_foreach(outer, key, v) {
+            size_t kl = strlen(key);
+            if (!json_is_object(v) || !strcmp(key, wrappers[w].text_key) || kl < 7 ||
+                strcmp(key + kl - 7, "_config") != 0)
+                continue;
+            n += (size_t)snprintf(cfg->ignored_configs + n, n < sizeof cfg->ignored_configs ? sizeof cfg->ignored_configs - n : 0,
+                                  "%s%s", n ? ", " : "", key);
+            if (n >= sizeof cfg->ignored_configs) n = sizeof cfg->ignored_configs - 1;
+        }
+        root = text;
+        mt = json_string_value(json_object_get(root, "model_type"));
+        if (!mt) mt = "gemma3_text";
+        break;
     }
     int found = 0;
     for (int a = 0; a < KN_ARCH_COUNT; a++) {
@@ -261,7 +529,8 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
         goto done;
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
-    /* multimodal wrappers keep the language model under text_config */
+    const kn_arch A = cfg->arch;
+    const int gemma = A == KN_ARCH_GEMMA || A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3;
     if (require_positive(&c, root, "vocab_size", &cfg->vocab_size) ||
         require_positive(&c, root, "hidden_size", &cfg->hidden_size) ||
         require_positive(&c, root, "intermediate_size", &cfg->intermediate_size) ||
@@ -269,16 +538,20 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
         require_positive(&c, root, "num_attention_heads", &cfg->n_heads))
         goto fail;
     if (get_int(&c, root, "num_key_value_heads", cfg->n_heads, &cfg->n_kv_heads)) goto fail;
-    if (get_int(&c, root, "head_dim", cfg->hidden_size / cfg->n_heads, &cfg->head_dim)) goto fail;
-    if (cfg->arch == KN_ARCH_PHI3) cfg->head_dim = cfg->hidden_size / cfg->n_heads; /* phi3 has no head_dim */
+    /* transformers 5.17 defaults: gemma family 256, glm4 128, else hidden / heads */
+    int hd_default = gemma ? 256 : A == KN_ARCH_GLM4 ? 128 : cfg->hidden_size / cfg->n_heads;
+    if (get_int(&c, root, "head_dim", hd_default, &cfg->head_dim)) goto fail;
+    if (A == KN_ARCH_PHI3) cfg->head_dim = cfg->hidden_size / cfg->n_heads; /* phi3 has no head_dim */
     if (get_int(&c, root, "max_position_embeddings", 4096, &cfg->max_position_embeddings)) goto fail;
     if (get_num(&c, root, "rms_norm_eps", 1e-6, &cfg->rms_norm_eps)) goto fail;
-    if (cfg->arch == KN_ARCH_PHI3 && !json_object_get(root, "rms_norm_eps")) cfg->rms_norm_eps = 1e-5;
-    if (get_bool(&c, root, "tie_word_embeddings", cfg->arch == KN_ARCH_QWEN3 ? 1 : 0, &cfg->tie_word_embeddings))
-        goto fail;
-    if (get_bool(&c, root, "attention_bias", cfg->arch == KN_ARCH_QWEN2, &cfg->attention_bias)) goto fail;
+    if (A == KN_ARCH_PHI3 && !json_object_get(root, "rms_norm_eps")) cfg->rms_norm_eps = 1e-5;
+    int tie_default = A == KN_ARCH_QWEN3 || gemma || A == KN_ARCH_STARCODER2 || A == KN_ARCH_SMOLLM3;
+    if (get_bool(&c, root, "tie_word_embeddings", tie_default, &cfg->tie_word_embeddings)) goto fail;
+    if (get_bool(&c, root, "attention_bias", A == KN_ARCH_QWEN2, &cfg->attention_bias)) goto fail;
     if (get_bool(&c, root, "mlp_bias", 0, &cfg->mlp_bias)) goto fail;
-    if (get_int(&c, root, "sliding_window", 0, &cfg->sliding_window)) goto fail;
+    if (get_int(&c, root, "sliding_window", A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3 ? 4096 : 0,
+                &cfg->sliding_window))
+        goto fail;
     if (cfg->sliding_window < 0) cfg->sliding_window = 0;
     if (cfg->n_layers > KN_MAX_LAYERS) {
         rc = kn_fail(err, KN_ERR_UNSUPPORTED, "%s: %d layers exceeds the supported %d", where, cfg->n_layers,
@@ -298,18 +571,19 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
         rc = kn_fail(err, KN_ERR_FORMAT, "%s: rms_norm_eps and max_position_embeddings must be positive", where);
         goto done;
     }
-    const char *act = json_string_value(json_object_get(root, "hidden_act"));
-    if (act && strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0) {
-        rc = kn_fail(err, KN_ERR_UNSUPPORTED, "%s: hidden_act \"%s\" is not supported for %s (expected silu)", where,
-                     act, mt);
-        goto done;
-    }
-    cfg->qk_norm = cfg->arch == KN_ARCH_QWEN3;
-    cfg->fused_qkv = cfg->fused_gate_up = cfg->arch == KN_ARCH_PHI3;
+    cfg->fused_qkv = cfg->fused_gate_up = A == KN_ARCH_PHI3;
+    if (parse_family(&c, root, cfg)) goto fail;
+    cfg->qk_norm = cfg->qk_norm_kind == KN_QK_NORM_HEAD;
     if (parse_rope(&c, root, cfg)) goto fail;
     /* transformers' llama-style default rope ignores partial_rotary_factor;
-     * phi3's default and every scaled rope type honour it */
-    if (cfg->arch != KN_ARCH_PHI3 && cfg->rope.type == KN_ROPE_DEFAULT) cfg->rope.partial_rotary_factor = 1.0;
+     * phi3's and glm4's default and every scaled rope type honour it */
+    if (A != KN_ARCH_PHI3 && A != KN_ARCH_GLM4 && cfg->rope.type == KN_ROPE_DEFAULT)
+        cfg->rope.partial_rotary_factor = 1.0;
+    if (A == KN_ARCH_GLM4 && !json_object_get(root, "partial_rotary_factor") &&
+        !(json_is_object(json_object_get(root, "rope_parameters")) &&
+          json_object_get(json_object_get(root, "rope_parameters"), "partial_rotary_factor")))
+        cfg->rope.partial_rotary_factor = 0.5; /* Glm4Config's default */
+    if (cfg->has_local_rope && cfg->rope_local.type == KN_ROPE_DEFAULT) cfg->rope_local.partial_rotary_factor = 1.0;
     int rot = (int)(cfg->head_dim * cfg->rope.partial_rotary_factor);
     if (rot <= 0 || rot > cfg->head_dim || rot % 2) {
         rc = kn_fail(err, KN_ERR_FORMAT, "%s: partial_rotary_factor %g gives rotary dim %d for head_dim %d", where,
@@ -319,10 +593,15 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
     if (parse_layer_windows(&c, root, cfg)) goto fail;
     const char *td = json_string_value(json_object_get(root, "torch_dtype"));
     if (!td) td = json_string_value(json_object_get(root, "dtype"));
+    if (!td) td = json_string_value(json_object_get(outer, "torch_dtype"));
+    if (!td) td = json_string_value(json_object_get(outer, "dtype"));
     snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", td ? td : "");
 
     cfg->bos_token_id = -1;
-    if (get_int(&c, root, "bos_token_id", -1, &cfg->bos_token_id) || get_eos(&c, root, cfg)) goto fail;
+    if (get_int(&c, outer, "bos_token_id", -1, &cfg->bos_token_id) || get_eos(&c, outer, cfg)) goto fail;
+    if (root != outer && (get_int(&c, root, "bos_token_id", cfg->bos_token_id, &cfg->bos_token_id) ||
+                          get_eos(&c, root, cfg)))
+        goto fail;
     cfg->gen_temperature = 1.0;
     cfg->gen_top_p = 1.0;
     cfg->gen_top_k = 50;
@@ -345,7 +624,7 @@ fail:
     rc = c.code;
 done:
     json_decref(gen);
-    json_decref(root);
+    json_decref(outer);
     return rc;
 }
 

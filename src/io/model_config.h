@@ -19,6 +19,17 @@ typedef enum {
     KN_ARCH_QWEN2,
     KN_ARCH_QWEN3,
     KN_ARCH_PHI3,
+    KN_ARCH_GEMMA,
+    KN_ARCH_GEMMA2,
+    KN_ARCH_GEMMA3, /* gemma3_text (and the text model inside a gemma3 checkpoint) */
+    KN_ARCH_QWEN2_MOE,
+    KN_ARCH_QWEN3_MOE,
+    KN_ARCH_MIXTRAL,
+    KN_ARCH_OLMO2,
+    KN_ARCH_GRANITE,
+    KN_ARCH_STARCODER2,
+    KN_ARCH_GLM4,
+    KN_ARCH_SMOLLM3,
     KN_ARCH_COUNT
 } kn_arch;
 
@@ -51,6 +62,15 @@ typedef struct {
     double long_factor[KN_MAX_ROPE_FACTORS], short_factor[KN_MAX_ROPE_FACTORS];
 } kn_rope_config;
 
+/* Where a decoder layer puts its norms (tensor names follow the family). */
+typedef enum {
+    KN_NORMS_PRE = 0,  /* x + f(norm(x))                    llama and most */
+    KN_NORMS_SANDWICH, /* x + post_norm(f(pre_norm(x)))     gemma2, gemma3, glm4 */
+    KN_NORMS_POST,     /* x + post_norm(f(x))               olmo2 */
+} kn_norm_layout;
+
+enum { KN_QK_NORM_NONE = 0, KN_QK_NORM_HEAD = 1, KN_QK_NORM_FULL = 2 };
+
 typedef struct {
     kn_arch arch;
     char model_type[32];
@@ -67,6 +87,29 @@ typedef struct {
      * use_sliding_window+max_window_layers / arch default) */
     uint8_t layer_sliding[KN_MAX_LAYERS];
     kn_rope_config rope;
+    /* ---- family features: data the shared decoder reads (defaults = llama) ---- */
+    int layer_norm;            /* 1: LayerNorm with bias (starcoder2), 0: RMSNorm */
+    double norm_weight_offset; /* gemma: RMSNorm scales by (1 + w); folded into w at load */
+    kn_norm_layout norm_layout;
+    int qk_norm_kind;          /* KN_QK_NORM_*: per head (qwen3, gemma3) or over the projection (olmo2) */
+    int act;                   /* KN_ACT_* (backend.h values: 0 silu, 1 gelu tanh, 2 gelu erf) */
+    int mlp_gated;             /* 0: up -> act -> down with biases (starcoder2) */
+    double embed_scale;        /* embeddings multiplied (gemma sqrt(hidden), granite multiplier) */
+    double residual_scale;     /* granite residual_multiplier */
+    double attn_scale;         /* score scale (default 1/sqrt(head_dim)) */
+    double attn_softcap, final_softcap; /* 0 = off (gemma2) */
+    double logit_scale;        /* granite: 1 / logits_scaling */
+    int rope_interleaved;      /* glm4: GPT-J pairs (q/k rows permuted at load) */
+    uint8_t layer_rope[KN_MAX_LAYERS]; /* 0: NoPE layer (smollm3) */
+    int has_local_rope;        /* gemma3: sliding layers use rope_local */
+    kn_rope_config rope_local;
+    /* mixture of experts (qwen2_moe, qwen3_moe, mixtral) */
+    int n_experts, n_experts_per_tok, moe_intermediate_size, norm_topk_prob;
+    int shared_expert_intermediate_size; /* qwen2_moe; 0 = none */
+    uint8_t layer_moe[KN_MAX_LAYERS];
+    /* multimodal wrapper (model_type gemma3 with text_config): what was used / ignored */
+    char wrapper_type[32];
+    char ignored_configs[128];
     char torch_dtype[16];
     /* generation_config.json */
     int bos_token_id; /* -1 = none */

@@ -16,9 +16,16 @@
 #include "kv/kv_paged.h"
 
 typedef struct {
-    kn_weight qkv, o, gate_up, down; /* q|k|v and gate|up fused along rows */
+    kn_weight qkv, o, gate_up, down; /* q|k|v and gate|up fused along rows (non-gated MLP: gate_up = up) */
     float *qkv_bias, *o_bias, *gate_up_bias, *down_bias; /* NULL when absent */
-    float *attn_norm, *mlp_norm, *q_norm, *k_norm;       /* f32 */
+    float *attn_norm, *mlp_norm, *q_norm, *k_norm;       /* f32; pre-norms NULL in the post-norm layout */
+    float *attn_norm_b, *mlp_norm_b;                     /* LayerNorm biases (starcoder2) */
+    float *post_attn_norm, *post_mlp_norm;               /* sandwich / post-norm layouts (gemma2/3, glm4, olmo2) */
+    /* mixture of experts (cfg.layer_moe): router [E, H], experts stacked
+     * along rows (see kn_moe_args); the shared expert (qwen2_moe) reuses
+     * gate_up / down above and its gate is shared_gate [1, H] */
+    int is_moe;
+    kn_weight router, experts_gate_up, experts_down, shared_gate;
 } kn_layer;
 
 /* One forward call: n_tokens tokens; token t belongs to sequence seq[t] (an
@@ -31,6 +38,9 @@ typedef struct {
     kn_kv_seq *const *seqs;
     int n_logits;
     const int32_t *logit_rows;
+    /* optional: greedy ids of the logit rows, computed on the backend (only
+     * n_logits int32 cross to the host; the logits argument may be NULL) */
+    int32_t *argmax;
 } kn_batch;
 
 struct kn_model {
@@ -38,19 +48,25 @@ struct kn_model {
     kn_backend *be;
     kn_safetensors *st;
     kn_weight embed, lm_head;
-    float *final_norm;
+    float *final_norm, *final_norm_b;
     kn_layer *layers;
-    kn_rope_table rope;
+    kn_rope_table rope, rope_local; /* rope_local: sliding layers of gemma3 (else unused) */
     int q_dim, kv_dim, qkv_dim;
     int max_context, max_chunk, max_seqs;
     kn_kv_pool *kv;
     /* scratch, backend memory, sized for max_chunk tokens */
     float *x, *xn, *qkv, *attn, *gu, *act, *tmp, *logits;
+    /* MoE scratch (NULL for dense models): router logits [T, E], routing
+     * idx/weights [T, k], expert scratch, shared-expert output and gate */
+    float *router_logits, *route_w, *moe_scratch, *tmp2, *shared_g;
+    int32_t *route_idx;
+    int ffn_max; /* widest ffn of any MLP (dense or shared expert) */
     int logits_rows; /* rows of the logits scratch */
-    int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows;
+    int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows, *d_argmax;
     int32_t *h_bt; /* host staging for block tables [max_seqs, max_blocks] */
     int max_blocks;
-    char desc[256];
+    char desc[320];
+    char notes[512]; /* what of the checkpoint is used / ignored (multimodal wrappers); "" when all is used */
 };
 
 /* Where weights come from: a lookup by HF tensor name (NULL when absent).
@@ -62,6 +78,13 @@ typedef struct {
     int outlives_model;
 } kn_tensor_source;
 
+/* A decoder layer's norm tensor names (after "model.layers.%d.", before
+ * ".weight") by position; NULL where the family has none. */
+typedef struct {
+    const char *pre_attn, *post_attn, *pre_mlp, *post_mlp;
+} kn_norm_names;
+kn_norm_names kn_family_norms(const kn_model_config *c);
+
 /* Build a model from a parsed config and a tensor source. The model takes
  * ownership of be. Used by kn_model_open and by the synthetic bench. */
 kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, kn_backend *be, int max_context,
@@ -71,7 +94,8 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
  * NULL is a no-op. kn_model_close is the public name. */
 void kn_model_free_internal(kn_model *m);
 
-/* Run one batch; logits (host, n_logits x vocab) may be NULL when n_logits 0.
+/* Run one batch; logits (host, n_logits x vocab) may be NULL when n_logits 0
+ * or when b->argmax asks for greedy ids instead.
  * The caller must have reserved KV blocks for every (seq, pos) in the batch. */
 kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err);
 

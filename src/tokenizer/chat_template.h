@@ -31,7 +31,11 @@ void kn_chat_template_free(kn_chat_template *t);
 /* Render. messages: JSON array of message objects (borrowed). tools: JSON
  * array or NULL. kwargs: JSON object of extra template variables
  * (chat_template_kwargs, e.g. {"enable_thinking": false}) or NULL.
- * *out is malloc'd, NUL-terminated. */
+ * *out is malloc'd, NUL-terminated.
+ * Errors: KN_ERR_INVALID_ARG when the template rejects the conversation via
+ * raise_exception() (err->msg ends with the template's own message) or the
+ * inputs are malformed; KN_ERR_FORMAT for any other template error, with
+ * "NAME:LINE:" of the failing template line. */
 kn_code kn_chat_template_render(const kn_chat_template *t, const json_t *messages, const json_t *tools,
                                 int add_generation_prompt, const json_t *kwargs, char **out, size_t *len,
                                 kn_error *err);

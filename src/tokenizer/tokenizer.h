@@ -16,7 +16,9 @@
 typedef struct kn_tokenizer kn_tokenizer;
 
 /* Load DIR/tokenizer.json (and DIR/tokenizer_config.json for bos/eos token
- * strings and added-token flags when present). */
+ * strings when present). A DIR with only tokenizer.model is loaded through
+ * libsentencepiece where the build has it (then encode's add_special adds BOS
+ * and decode always drops control symbols, as SentencePiece does). */
 kn_code kn_tokenizer_load(const char *dir, kn_tokenizer **out, kn_error *err);
 /* Load from an in-memory tokenizer.json (config_json may be NULL). */
 kn_code kn_tokenizer_load_json(const char *tokenizer_json, size_t len, const char *config_json, kn_tokenizer **out,

@@ -13,6 +13,8 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_ops_whisper.h"
+#include "backend/cpu/cpu_ops_models.h"
 
 typedef struct {
     kn_backend base;
@@ -216,6 +218,7 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
             for (int j = lo; j <= p; j++) {
                 int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
                 float s = c->k->dot(q, kv->k + slot * slot_w + (int64_t)kvh * hd, hd) * a->scale;
+                if (a->softcap > 0.0f) s = tanhf(s / a->softcap) * a->softcap;
                 scores[j - lo] = s;
                 if (s > mx) mx = s;
             }
@@ -300,6 +303,18 @@ static void cpu_softmax(kn_backend *be, float *x, int rows, int dim) {
     }
 }
 
+static void cpu_argmax_rows(kn_backend *be, const float *x, int rows, int dim, int32_t *out) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 1)
+    for (int r = 0; r < rows; r++) {
+        const float *v = x + (int64_t)r * dim;
+        int best = 0;
+        float bv = -INFINITY;
+        for (int j = 0; j < dim; j++)
+            if (v[j] > bv) bv = v[j], best = j;
+        out[r] = best;
+    }
+}
+
 static double seconds_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -354,7 +369,16 @@ static const kn_backend_vtbl cpu_vtbl = {
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .softmax = cpu_softmax,
+    /* whisper */
+    .im2col_1d = kn_cpu_im2col_1d,
+    .attention_dense = kn_cpu_attention_dense,
+    .argmax_rows = cpu_argmax_rows,
     .read_bandwidth = cpu_read_bandwidth,
+    .softcap = kn_cpu_softcap,
+    .scale = kn_cpu_scale,
+    .sigmoid_gate_add = kn_cpu_sigmoid_gate_add,
+    .moe_route = kn_cpu_moe_route,
+    .moe_ffn = kn_cpu_moe_ffn,
 };
 
 /* Attention scratch holds one score row per thread; sized for the longest

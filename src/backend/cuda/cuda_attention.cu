@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             for (int i = 0; i < NI; i++) s += q[g][i] * kr[i];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
             float mn = fmaxf(m[g], s), c = expf(m[g] - mn), e = expf(s - mn);
             l[g] = l[g] * c + e;
 #pragma unroll
@@ -209,21 +210,23 @@ __global__ void k_gather_q(const float *q, int64_t q_stride, int t0, int len, in
 /* row (h, i): query at position p0 + i sees keys [lo, p0 + i] (absolute),
  * i.e. columns [lo - k0, p0 + i - k0] of S; softmax there, zeros elsewhere */
 template <typename T>
-__global__ void k_masked_softmax(const float *S, int len, int ctx, int p0, int k0, int window, T *P) {
+__global__ void k_masked_softmax(const float *S, int len, int ctx, int p0, int k0, int window, float cap, T *P) {
     __shared__ float sh[32];
     const int row = blockIdx.x, i = row % len, p = p0 + i;
     const int lo = (window > 0 && p - window + 1 > k0) ? p - window + 1 - k0 : 0, hi = p - k0;
     const float *s = S + (int64_t)row * ctx;
     T *o = P + (int64_t)row * ctx;
+#define CAPPED(v) (cap > 0.0f ? cap * tanhf((v) / cap) : (v))
     float mx = -INFINITY;
-    for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) mx = fmaxf(mx, s[j]);
+    for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) mx = fmaxf(mx, CAPPED(s[j]));
     mx = block_max_att(mx, sh);
     float sum = 0.0f;
-    for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) sum += expf(s[j] - mx);
+    for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) sum += expf(CAPPED(s[j]) - mx);
     sum = block_sum_att(sum, sh);
     const float inv = 1.0f / sum;
     for (int j = threadIdx.x; j < ctx; j += blockDim.x)
-        o[j] = to_t<T>(j >= lo && j <= hi ? expf(s[j] - mx) * inv : 0.0f);
+        o[j] = to_t<T>(j >= lo && j <= hi ? expf(CAPPED(s[j]) - mx) * inv : 0.0f);
+#undef CAPPED
 }
 
 /* ob [n_heads][len][hd] -> out rows t0 + i */
@@ -262,7 +265,7 @@ static int attention_gemm_run(kn_backend *be, const kn_attention_args *a, int t0
         (long long)G * len * hd, &zero, S, CUDA_R_32F, ctx, (long long)G * len * ctx, nkv, CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT);
     if (r != CUBLAS_STATUS_SUCCESS) return 0;
-    k_masked_softmax<T><<<a->n_heads * len, 256, 0, st>>>(S, len, ctx, p0, k0, a->window, P);
+    k_masked_softmax<T><<<a->n_heads * len, 256, 0, st>>>(S, len, ctx, p0, k0, a->window, a->softcap, P);
     /* O_g [G*len, hd] = P_g [G*len, ctx] . V_g [ctx, hd]: column-major C[hd, G*len] = V_g^T' . P_g */
     r = cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, hd, G * len, ctx, &one, vc, ct, hd,
                                    (long long)ctx * hd, P, ct, ctx, (long long)G * len * ctx, &zero, ob, CUDA_R_32F,
@@ -336,6 +339,12 @@ static void attention_flash(kn_backend *be, const kn_attention_args *a) {
     const int blocks = a->n_tokens * a->n_heads / gb, target = 2 * kn_cuda_sm_count(be);
     int n_splits = blocks >= target ? 1 : (target + blocks - 1) / blocks;
     if (n_splits > ATT_MAX_SPLITS) n_splits = ATT_MAX_SPLITS;
+    if (a->pos_host) { /* no more splits than the context bucket fills (>= 128 keys each) */
+        int max_pos = 0;
+        for (int t = 0; t < a->n_tokens; t++) max_pos = a->pos_host[t] > max_pos ? a->pos_host[t] : max_pos;
+        int by_ctx = (kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT) / 128;
+        if (n_splits > by_ctx) n_splits = by_ctx > 0 ? by_ctx : 1;
+    }
     float *partial = NULL;
     if (n_splits > 1) {
         size_t bytes = (size_t)a->n_tokens * a->n_heads * n_splits * (2 + hd) * sizeof(float);

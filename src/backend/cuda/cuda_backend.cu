@@ -6,8 +6,8 @@
  * block tables) go through pinned staging memory asynchronously. Weights live
  * in device memory in their checkpoint dtype (F32/BF16/F16) and are widened
  * to f32 in registers.
- *   matmul M <= 8 : GEMV, one warp per output row, 16-byte weight loads
- *   matmul M > 8  : cuBLAS tensor-core GEMM (cuda_gemm.cu); a tiled SIMT
+ *   matmul M <= 2 : GEMV, one warp per output row, 16-byte weight loads
+ *   matmul M > 2  : cuBLAS tensor-core GEMM (cuda_gemm.cu); a tiled SIMT
  *                   kernel remains as the fallback
  *   attention     : flash-style paged GQA attention with split-K for decode
  *                   (cuda_attention.cu)
@@ -18,6 +18,14 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+
+/* cuda_ops_models.cu */
+extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap);
+extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s);
+extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
+extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
+                                  int32_t *idx, float *w);
+extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
 
 typedef kn_cuda_backend cuda_backend;
 
@@ -113,6 +121,12 @@ static int graph_find(cuda_backend *c, uint64_t key) {
         if (c->graphs[i].key == key) return i;
     return -1;
 }
+static void cu_memory_info(kn_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) f = t = 0;
+    *free_bytes = f, *total_bytes = t;
+}
+
 static int cu_graph_replay(kn_backend *be, uint64_t key) {
     cuda_backend *c = cu(be);
     int i = graph_find(c, key);
@@ -129,7 +143,12 @@ static int cu_graph_begin(kn_backend *be, uint64_t key) {
     if (c->graphs_disabled) return 0;
     int i = graph_find(c, key);
     if (i < 0) { /* first sight: run eagerly (sizes scratch, warms cuBLAS) */
-        if (c->n_graphs == KN_CUDA_MAX_GRAPHS) return 0;
+        if (c->n_graphs == KN_CUDA_MAX_GRAPHS) { /* full: forget the oldest shape */
+            check(cudaStreamSynchronize(c->stream), "graph evict sync");
+            if (c->graphs[0].exec) cudaGraphExecDestroy(c->graphs[0].exec);
+            memmove(&c->graphs[0], &c->graphs[1], sizeof c->graphs[0] * (KN_CUDA_MAX_GRAPHS - 1));
+            c->n_graphs--;
+        }
         c->graphs[c->n_graphs].key = key, c->graphs[c->n_graphs].exec = NULL;
         c->n_graphs++;
         return 0;
@@ -224,20 +243,20 @@ __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, i
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = w[j] * (xi[j] * inv);
 }
 
-/* Decode-shaped matmul: one warp per output column n, up to 8 x rows read
+/* Decode-shaped matmul: one warp per output column n, up to GEMV_MAX_M x rows read
  * through L1 (x is tiny and shared by every warp). Weights stream with 16-byte
  * loads (8 bf16/f16 or 4 f32 per lane per step), x with float4 loads, when
  * rows are 16-byte aligned (K % 8 == 0, aligned bases), else one element per
  * lane. */
-#define GEMV_MAX_M 8
+#define GEMV_MAX_M 2
 template <int DT>
-__device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
-    uint4 u = *(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2));
+__device__ __forceinline__ void unpack8w(uint4 u, float *f) {
     if (DT == KN_DT_F32) {
         f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
         return;
     }
     const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
     for (int j = 0; j < 4; j++) {
         if (DT == KN_DT_BF16) {
             f[2 * j] = __uint_as_float(v[j] << 16);
@@ -248,6 +267,10 @@ __device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
             f[2 * j] = ff.x, f[2 * j + 1] = ff.y;
         }
     }
+}
+template <int DT>
+__device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
+    unpack8w<DT>(*(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2)), f);
 }
 
 /* M is a template parameter so the accumulators stay in registers and the
@@ -267,23 +290,32 @@ __global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const
     if (K % 8 == 0 && (((uintptr_t)x | (uintptr_t)w) & 15) == 0) {
         int64_t k = (int64_t)lane * per;
         const int64_t step = 32 * per;
-        for (; k + 3 * step + per <= K; k += 4 * step) { /* 4 loads in flight per lane */
-            float f[4][8];
+        /* U 16-byte weight loads in flight per lane before any is consumed
+         * (streamed past L1/L2 so x stays cached): deeper for small M, where
+         * registers allow, since a decode GEMV is latency-bound per warp */
+        constexpr int U = M <= 2 ? 8 : 4;
+        const char *wb = (const char *)w;
+        const int esz = DT == KN_DT_F32 ? 4 : 2;
+        for (; k + (U - 1) * step + per <= K; k += U * step) {
+            uint4 raw[U];
 #pragma unroll
-            for (int u = 0; u < 4; u++) load8w<DT>(w, row + k + u * step, f[u]);
+            for (int u = 0; u < U; u++) raw[u] = __ldcs((const uint4 *)(wb + (row + k + u * step) * esz));
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < U; u++) {
+                float f[8];
+                unpack8w<DT>(raw[u], f);
 #pragma unroll
                 for (int m = 0; m < M; m++) {
                     const float4 *xm = (const float4 *)(x + (int64_t)m * K + k + u * step);
                     float4 a = __ldg(xm);
-                    float s = f[u][0] * a.x + f[u][1] * a.y + f[u][2] * a.z + f[u][3] * a.w;
+                    float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
                     if (per == 8) {
                         float4 b = __ldg(xm + 1);
-                        s += f[u][4] * b.x + f[u][5] * b.y + f[u][6] * b.z + f[u][7] * b.w;
+                        s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
                     }
                     acc[m] += s;
                 }
+            }
         }
         for (; k + per <= K; k += step) {
             float f[8];
@@ -327,7 +359,7 @@ static void gemv_dt(cudaStream_t s, const float *x, int M, const void *w, int64_
     switch (M) {
 #define GEMV_CASE(mm)                                                                                                  \
     case mm: k_gemv<DT, mm><<<blocks, warps * 32, 0, s>>>(x, w, N, K, bias, out, accumulate); break;
-        GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+        GEMV_CASE(1) GEMV_CASE(2) /* GEMV_MAX_M: beyond 2 rows x traffic dominates; cuBLAS wins */
 #undef GEMV_CASE
     }
 }
@@ -458,6 +490,29 @@ __global__ void k_softmax(float *x, int dim) {
     for (int j = threadIdx.x; j < dim; j += blockDim.x) v[j] = expf(v[j] - mx) / s;
 }
 
+/* one block per row: (value, index) max with the lowest index on ties */
+__global__ void k_argmax(const float *x, int dim, int32_t *out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *v = x + (int64_t)blockIdx.x * dim;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        if (v[j] > bv) bv = v[j], bi = j; /* strided: first max per thread */
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = bv, si[threadIdx.x >> 5] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) bv = sv[w], bi = si[w];
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
 __global__ void k_read(const float4 *p, size_t n, float *sink) {
     float acc = 0.0f;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -523,6 +578,9 @@ static void cu_gather(kn_backend *be, const float *x, int64_t dim, const int32_t
     k_gather<<<n, 256, 0, S>>>(x, dim, rows, out);
 }
 static void cu_softmax(kn_backend *be, float *x, int rows, int dim) { k_softmax<<<rows, 256, 0, S>>>(x, dim); }
+static void cu_argmax_rows(kn_backend *be, const float *x, int rows, int dim, int32_t *out) {
+    k_argmax<<<rows, 1024, 0, S>>>(x, dim, out);
+}
 
 static double cu_read_bandwidth(kn_backend *be) {
     size_t bytes = (size_t)2 << 30;
@@ -548,8 +606,10 @@ static double cu_read_bandwidth(kn_backend *be) {
 
 static const kn_backend_vtbl cuda_vtbl = {
     "cuda", cu_destroy, cu_alloc, cu_free, cu_upload, cu_download, cu_sync, cu_weight_load,
-    cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax,
-    cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end,
+    cu_embed, cu_rms_norm, cu_matmul, cu_matmul_add, cu_rope, cu_kv_write, cu_attention, cu_swiglu, cu_layer_norm, cu_gelu, cu_geglu, cu_add, cu_gather, cu_softmax, cu_argmax_rows,
+    /* whisper */ kn_cuda_im2col_1d, kn_cuda_attention_dense,
+    cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end, cu_memory_info,
+    kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

@@ -66,6 +66,11 @@ const kn_backend_vtbl *kn_cuda_profile_vtbl(const kn_backend_vtbl *real);
 /* Print a CUDA error (ops are infallible by contract; failures are reported). */
 void kn_cuda_check(cudaError_t e, const char *what);
 
+/* whisper op block (cuda_ops_whisper.cu) */
+extern "C" void kn_cuda_im2col_1d(kn_backend *be, const float *x, int64_t xts, int64_t xcs, int t_in, int c_in,
+                                  int k, int stride, int pad, float *out);
+extern "C" void kn_cuda_attention_dense(kn_backend *be, const kn_dense_attention_args *a);
+
 /* Element i of a weight stored as F32, BF16 or F16, widened to float. */
 __device__ __forceinline__ float kn_cuda_load_w(const void *w, int64_t i, int dt) {
     if (dt == KN_DT_F32) return ((const float *)w)[i];

@@ -1,0 +1,166 @@
+/* moe.c — mixture-of-experts layers. See moe.h.
+ *
+ * Routing follows transformers: router logits = x W_r^T, softmax in f32, the
+ * top-k probabilities (renormalised when norm_topk_prob / always for
+ * mixtral), experts SwiGLU-FFNs summed with those weights; qwen2_moe adds a
+ * shared expert scaled by sigmoid(x w_g). Expert weights are stacked along
+ * rows at load (expert e's gate rows, then its up rows; down likewise) so the
+ * moe_ffn op can address any expert from its id on the device. */
+#include "models/moe.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/loader.h"
+
+/* Mixtral's published layout says block_sparse_moe and w1/w3/w2; the others
+ * (and transformers 5 for all) say mlp and gate_proj/up_proj/down_proj. */
+static const char *const prefixes[] = {"model.layers.%d.mlp", "model.layers.%d.block_sparse_moe"};
+static const char *const expert_names[][3] = {{"gate_proj", "up_proj", "down_proj"}, {"w1", "w3", "w2"}};
+
+static const kn_st_tensor *find2(const kn_tensor_source *src, char *name, size_t cap, const char *prefix, int l,
+                                 const char *suffix) {
+    char p[160];
+    snprintf(p, sizeof p, prefix, l);
+    snprintf(name, cap, "%s%s", p, suffix);
+    return src->find(src->ctx, name);
+}
+
+/* Per-expert tensors, stacked: gate_up [E*2I, H] and down [E*H, I]. */
+static kn_code load_split_experts(kn_model *m, const kn_tensor_source *src, const char *prefix, int l,
+                                  kn_layer *L, kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    const int E = c->n_experts;
+    const int64_t H = c->hidden_size, I = c->moe_intermediate_size;
+    int naming = -1;
+    char name[320], sfx[96];
+    for (int v = 0; v < 2 && naming < 0; v++) {
+        snprintf(sfx, sizeof sfx, ".experts.0.%s.weight", expert_names[v][0]);
+        if (find2(src, name, sizeof name, prefix, l, sfx)) naming = v;
+    }
+    if (naming < 0) {
+        find2(src, name, sizeof name, prefix, l, ".experts");
+        return kn_fail(err, KN_ERR_FORMAT, "checkpoint has no expert tensors under %s (per-expert or fused)", name);
+    }
+    uint8_t *gu = NULL, *dn = NULL;
+    kn_dtype dt = KN_DT_F32;
+    size_t esz = 0;
+    kn_code rc = KN_OK;
+    for (int e = 0; e < E && !rc; e++) {
+        const int64_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+        for (int j = 0; j < 3 && !rc; j++) {
+            snprintf(sfx, sizeof sfx, ".experts.%d.%s.weight", e, expert_names[naming][j]);
+            const kn_st_tensor *t = find2(src, name, sizeof name, prefix, l, sfx);
+            if (!t) { rc = kn_fail(err, KN_ERR_FORMAT, "checkpoint is missing tensor %s", name); break; }
+            if ((rc = ld_check_float(t, name, err)) || (rc = ld_check_shape(t, name, rows[j], cols[j], err))) break;
+            if (!gu) {
+                dt = t->dtype, esz = kn_dtype_size(dt);
+                gu = malloc((size_t)E * 2 * I * H * esz);
+                dn = malloc((size_t)E * H * I * esz);
+                if (!gu || !dn) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory stacking experts of layer %d", l); break; }
+            }
+            if (t->dtype != dt) { rc = kn_fail(err, KN_ERR_UNSUPPORTED, "expert tensor %s has a different dtype", name); break; }
+            uint8_t *dst = j == 2 ? dn + (size_t)e * H * I * esz : gu + ((size_t)e * 2 + (size_t)j) * I * H * esz;
+            memcpy(dst, t->data, t->nbytes);
+        }
+    }
+    if (!rc) rc = kn_be_weight_load(m->be, dt, E * 2 * I, H, gu, 0, &L->experts_gate_up, err);
+    if (!rc) rc = kn_be_weight_load(m->be, dt, E * H, I, dn, 0, &L->experts_down, err);
+    free(gu), free(dn);
+    return rc;
+}
+
+/* transformers 5's fused experts: gate_up_proj [E, 2I, H], down_proj [E, H, I]. */
+static kn_code load_fused_experts(kn_model *m, const kn_tensor_source *src, const kn_st_tensor *gu,
+                                  const char *gu_name, const char *prefix, int l, kn_layer *L, kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    const int64_t E = c->n_experts, H = c->hidden_size, I = c->moe_intermediate_size;
+    char name[320];
+    const kn_st_tensor *dn = find2(src, name, sizeof name, prefix, l, ".experts.down_proj");
+    if (!dn) return kn_fail(err, KN_ERR_FORMAT, "checkpoint has %s but no %s", gu_name, name);
+    kn_code rc;
+    if ((rc = ld_check_float(gu, gu_name, err)) || (rc = ld_check_float(dn, name, err))) return rc;
+    if (gu->ndim != 3 || gu->shape[0] != E || gu->shape[1] != 2 * I || gu->shape[2] != H)
+        return kn_fail(err, KN_ERR_FORMAT, "tensor %s must have shape [%lld, %lld, %lld] from config.json", gu_name,
+                       (long long)E, (long long)(2 * I), (long long)H);
+    if (dn->ndim != 3 || dn->shape[0] != E || dn->shape[1] != H || dn->shape[2] != I)
+        return kn_fail(err, KN_ERR_FORMAT, "tensor %s must have shape [%lld, %lld, %lld] from config.json", name,
+                       (long long)E, (long long)H, (long long)I);
+    if ((rc = kn_be_weight_load(m->be, gu->dtype, E * 2 * I, H, gu->data, src->outlives_model, &L->experts_gate_up,
+                                err)))
+        return rc;
+    return kn_be_weight_load(m->be, dn->dtype, E * H, I, dn->data, src->outlives_model, &L->experts_down, err);
+}
+
+kn_code kn_moe_load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    kn_layer *L = &m->layers[l];
+    const int64_t H = c->hidden_size;
+    char name[320];
+    const char *prefix = NULL;
+    const kn_st_tensor *router = NULL;
+    for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes && !router; p++)
+        if ((router = find2(src, name, sizeof name, prefixes[p], l, ".gate.weight"))) prefix = prefixes[p];
+    if (!router) {
+        find2(src, name, sizeof name, prefixes[0], l, ".gate.weight");
+        return kn_fail(err, KN_ERR_FORMAT, "checkpoint is missing the MoE router tensor %s", name);
+    }
+    kn_code rc;
+    if ((rc = ld_check_float(router, name, err)) || (rc = ld_check_shape(router, name, c->n_experts, H, err)) ||
+        (rc = kn_be_weight_load(m->be, router->dtype, c->n_experts, H, router->data, src->outlives_model, &L->router,
+                                err)))
+        return rc;
+    L->is_moe = 1;
+    char gu_name[320];
+    const kn_st_tensor *gu = find2(src, gu_name, sizeof gu_name, prefix, l, ".experts.gate_up_proj");
+    rc = gu ? load_fused_experts(m, src, gu, gu_name, prefix, l, L, err) : load_split_experts(m, src, prefix, l, L, err);
+    if (rc || c->shared_expert_intermediate_size == 0) return rc;
+    const int64_t S = c->shared_expert_intermediate_size;
+    ld_part sgu[] = {{"model.layers.%d.mlp.shared_expert.gate_proj.weight", S},
+                     {"model.layers.%d.mlp.shared_expert.up_proj.weight", S}};
+    ld_part sdn[] = {{"model.layers.%d.mlp.shared_expert.down_proj.weight", H}};
+    ld_part sg[] = {{"model.layers.%d.mlp.shared_expert_gate.weight", 1}};
+    if ((rc = ld_load_fused(m, src, l, sgu, 2, H, NULL, &L->gate_up, err)) ||
+        (rc = ld_load_fused(m, src, l, sdn, 1, S, NULL, &L->down, err)))
+        return rc;
+    return ld_load_fused(m, src, l, sg, 1, H, NULL, &L->shared_gate, err);
+}
+
+void kn_moe_forward(kn_model *m, const kn_layer *L, const float *xn, int n, float *out) {
+    const kn_model_config *c = &m->cfg;
+    kn_backend *be = m->be;
+    const kn_backend_vtbl *op = be->vt;
+    const int H = c->hidden_size, k = c->n_experts_per_tok;
+    op->matmul(be, xn, n, &L->router, NULL, m->router_logits);
+    op->moe_route(be, m->router_logits, n, c->n_experts, k, c->norm_topk_prob, m->route_idx, m->route_w);
+    kn_moe_args a = {
+        .x = xn, .out = out, .n_tokens = n, .dim = H, .inter = c->moe_intermediate_size,
+        .n_experts = c->n_experts, .k = k, .act = c->act, .idx = m->route_idx, .w = m->route_w,
+        .gate_up = &L->experts_gate_up, .down = &L->experts_down, .scratch = m->moe_scratch,
+    };
+    op->moe_ffn(be, &a);
+    if (!L->shared_gate.data) return;
+    const int S = c->shared_expert_intermediate_size;
+    op->matmul(be, xn, n, &L->gate_up, NULL, m->gu);
+    op->swiglu(be, m->gu, n, S, m->act);
+    op->matmul(be, m->act, n, &L->down, NULL, m->tmp2);
+    op->matmul(be, xn, n, &L->shared_gate, NULL, m->shared_g);
+    op->sigmoid_gate_add(be, out, m->tmp2, m->shared_g, n, H);
+}
+
+static int64_t wbytes(const kn_weight *w) { return w->data ? w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype) : 0; }
+
+int64_t kn_moe_active_bytes(const kn_model *m, const kn_layer *L) {
+    const kn_model_config *c = &m->cfg;
+    int64_t per_expert = (wbytes(&L->experts_gate_up) + wbytes(&L->experts_down)) / c->n_experts;
+    return wbytes(&L->router) + per_expert * c->n_experts_per_tok + wbytes(&L->gate_up) + wbytes(&L->down) +
+           wbytes(&L->shared_gate);
+}
+
+void kn_moe_free_layer(kn_model *m, kn_layer *L) {
+    kn_be_weight_free(m->be, &L->router);
+    kn_be_weight_free(m->be, &L->experts_gate_up);
+    kn_be_weight_free(m->be, &L->experts_down);
+    kn_be_weight_free(m->be, &L->shared_gate);
+}

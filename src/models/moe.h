@@ -1,0 +1,23 @@
+/* moe.h — mixture-of-experts feed-forward layers (qwen2_moe, qwen3_moe,
+ * mixtral): loading and the forward block. The decoder (llama.c) calls these
+ * for layers with cfg.layer_moe set; everything else about the layer is the
+ * shared decoder's. */
+#ifndef KN_MODELS_MOE_H
+#define KN_MODELS_MOE_H
+
+#include "models/model.h"
+
+/* Load layer l's router, experts (published per-expert tensors, or
+ * transformers 5's fused [E, 2I, H] / [E, H, I] tensors) and shared expert. */
+kn_code kn_moe_load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_error *err);
+
+/* out[n, H] = routed experts (+ sigmoid-gated shared expert) of xn[n, H]. */
+void kn_moe_forward(kn_model *m, const kn_layer *L, const float *xn, int n, float *out);
+
+/* Weight bytes a decode step reads from layer L's experts: router, the k
+ * selected experts and the shared expert. */
+int64_t kn_moe_active_bytes(const kn_model *m, const kn_layer *L);
+
+void kn_moe_free_layer(kn_model *m, kn_layer *L);
+
+#endif

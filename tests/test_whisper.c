@@ -1,0 +1,454 @@
+/* test_whisper.c — the Whisper model and its decoding.
+ *
+ * Against transformers (fixtures from tools/fixtures/gen_whisper.py; a
+ * missing fixture is a failure, never a skip):
+ *  - encoder output rows and teacher-forced decoder logits of the tiny random
+ *    Whisper given the oracle mel of jfk.wav: max |Δ| <= 1e-4 x max|logit|;
+ *  - decode cases (greedy with/without timestamps, translate, language
+ *    detection, beam 5): identical tokens to transformers.
+ * Without an oracle (random model written here):
+ *  - token-by-token decoding through the self-attention cache equals the
+ *    teacher-forced pass;
+ *  - several slots decode independently, and reorder() moves caches.
+ * KILN_TEST_BACKEND=cuda runs it all on the GPU (skips without one). */
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "engine/transcribe.h"
+#include "io/npy.h"
+#include "models/whisper.h"
+#include "audio/audio.h"
+#include "test_util.h"
+#include "whisper_synth.h"
+#include "tokenizer/tokenizer.h"
+
+static const char *backend_name;
+
+static double max_abs(const float *x, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
+}
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, isnan(a[i]) || isnan(b[i]) ? INFINITY : fabs(a[i] - b[i]));
+    return m;
+}
+
+/* ---- no oracle: cache consistency on a random model --------------------- */
+static void test_cache_consistency(void) {
+    char dir[] = "/tmp/kiln_whisper_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    synth_whisper_shape sh = {.d = 48, .heads = 3, .ffn = 96, .enc_layers = 2, .dec_layers = 2, .n_mels = 80,
+                              .n_text = 300, .n_ctx = 1500, .max_target = 64};
+    CHECK(synth_whisper_write(dir, &sh, 5) == 0, "write synthetic whisper");
+    kn_whisper *w = NULL;
+    kn_error err = {0};
+    kn_whisper_options o = {.backend = backend_name, .n_threads = 2, .max_slots = 3};
+    kn_code rc = kn_whisper_open(dir, &o, &w, &err);
+    CHECK(rc == KN_OK, "open synthetic whisper: %s", err.msg);
+    if (rc) return;
+    const int V = kn_whisper_cfg(w)->vocab_size, n = 12;
+    float *mel = malloc(sizeof(float) * 80 * 3000);
+    uint64_t s = 3;
+    for (int i = 0; i < 80 * 3000; i++) mel[i] = kn_test_rand(&s);
+    CHECK(kn_whisper_encode(w, mel, &err) == KN_OK, "encode: %s", err.msg);
+    int32_t ids[12];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + 5) % V);
+    float *full = malloc(sizeof(float) * (size_t)n * V), *step = malloc(sizeof(float) * (size_t)n * V);
+    CHECK(kn_whisper_decode(w, 1, n, ids, 0, 1, full, &err) == KN_OK, "teacher-forced: %s", err.msg);
+    /* prompt of 4, then one token at a time */
+    CHECK(kn_whisper_decode(w, 1, 4, ids, 0, 0, step + 3 * V, &err) == KN_OK, "prompt: %s", err.msg);
+    for (int i = 4; i < n; i++) CHECK(kn_whisper_decode(w, 1, 1, ids + i, i, 0, step + (size_t)i * V, &err) == KN_OK, "step");
+    double scale = max_abs(full, (int64_t)n * V);
+    double md = max_diff(full + 3 * V, step + 3 * V, (int64_t)(n - 3) * V);
+    CHECK(md <= 2e-5 * scale, "cached decode vs teacher-forced: max |d| %g (scale %g)", md, scale);
+
+    /* three slots: slot k decodes ids shifted by k; reorder so slot 0 takes slot 2 */
+    int32_t multi[3 * 4];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 4; i++) multi[k * 4 + i] = (int32_t)((ids[i] + k * 11) % V);
+    float *lg = malloc(sizeof(float) * 3 * V), *one = malloc(sizeof(float) * V);
+    CHECK(kn_whisper_decode(w, 3, 4, multi, 0, 0, lg, &err) == KN_OK, "3 slots: %s", err.msg);
+    int src[3] = {2, 1, 2};
+    CHECK(kn_whisper_reorder(w, 3, src, 4, &err) == KN_OK, "reorder: %s", err.msg);
+    int32_t next[3] = {7, 8, 9};
+    CHECK(kn_whisper_decode(w, 3, 1, next, 4, 0, lg, &err) == KN_OK, "3 slots step: %s", err.msg);
+    /* reference: slot-2 history + 7, alone */
+    int32_t hist[5];
+    memcpy(hist, multi + 8, 4 * sizeof(int32_t));
+    hist[4] = 7;
+    float *ref = malloc(sizeof(float) * 5 * V);
+    CHECK(kn_whisper_decode(w, 1, 5, hist, 0, 1, ref, &err) == KN_OK, "single");
+    md = max_diff(lg, ref + 4 * V, V);
+    CHECK(md <= 2e-5 * scale, "reordered slot 0 vs single decode: max |d| %g", md);
+    hist[4] = 9;
+    CHECK(kn_whisper_decode(w, 1, 5, hist, 0, 1, ref, &err) == KN_OK, "single");
+    md = max_diff(lg + 2 * V, ref + 4 * V, V);
+    CHECK(md <= 2e-5 * scale, "slot 2 vs single decode: max |d| %g", md);
+    memcpy(hist, multi + 4, 4 * sizeof(int32_t));
+    hist[4] = 8;
+    CHECK(kn_whisper_decode(w, 1, 5, hist, 0, 1, ref, &err) == KN_OK, "single");
+    md = max_diff(lg + V, ref + 4 * V, V);
+    CHECK(md <= 2e-5 * scale, "slot 1 vs single decode: max |d| %g", md);
+
+    /* bad arguments are errors */
+    CHECK(kn_whisper_decode(w, 4, 1, next, 0, 0, lg, &err) == KN_ERR_INVALID_ARG, "4 slots accepted");
+    CHECK(kn_whisper_decode(w, 1, 1, next, 64, 0, lg, &err) == KN_ERR_INVALID_ARG, "position past the end accepted");
+    int32_t bad = V;
+    CHECK(kn_whisper_decode(w, 1, 1, &bad, 0, 0, lg, &err) == KN_ERR_INVALID_ARG, "token out of range accepted");
+    free(mel), free(full), free(step), free(lg), free(one), free(ref);
+    kn_whisper_close(w);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) fprintf(stderr, "cleanup failed\n");
+}
+
+/* ---- oracle: transformers ------------------------------------------------ */
+typedef struct {
+    json_t *ref;
+    float *mel; /* [80, 3000] rebuilt from head + tail */
+    char dir[1024];
+} oracle;
+
+static int oracle_load(oracle *o) {
+    snprintf(o->dir, sizeof o->dir, "%s/whisper", kn_test_fixtures());
+    char path[1200];
+    snprintf(path, sizeof path, "%s/reference.json", o->dir);
+    json_error_t je;
+    o->ref = json_load_file(path, 0, &je);
+    if (!o->ref) {
+        CHECK(0, "cannot read %s: %s", path, je.text);
+        return -1;
+    }
+    kn_error err = {0};
+    float *head = NULL, *tail = NULL;
+    int nd;
+    int64_t hs[4], ts[4];
+    snprintf(path, sizeof path, "%s/mel80_head.npy", o->dir);
+    kn_code rc = kn_npy_read_f32(path, &head, &nd, hs, &err);
+    snprintf(path, sizeof path, "%s/mel80_tail.npy", o->dir);
+    if (!rc) rc = kn_npy_read_f32(path, &tail, &nd, ts, &err);
+    if (rc || hs[0] != 80 || ts[0] != 80) {
+        CHECK(0, "oracle mel: %s", err.msg);
+        free(head), free(tail);
+        return -1;
+    }
+    o->mel = malloc(sizeof(float) * 80 * 3000);
+    for (int j = 0; j < 80; j++)
+        for (int t = 0; t < 3000; t++) o->mel[j * 3000 + t] = t < hs[1] ? head[j * hs[1] + t] : tail[j];
+    free(head), free(tail);
+    return 0;
+}
+
+static int read_ids(json_t *arr, int32_t *out, int max) {
+    int n = 0;
+    for (size_t i = 0; json_is_array(arr) && i < json_array_size(arr) && n < max; i++)
+        out[n++] = (int32_t)json_integer_value(json_array_get(arr, i));
+    return n;
+}
+
+static void test_oracle_logits(oracle *o, kn_whisper *w) {
+    kn_error err = {0};
+    char path[1200];
+    float *enc_ref = NULL, *lg_ref = NULL;
+    int nd;
+    int64_t es[4], ls[4];
+    snprintf(path, sizeof path, "%s/encoder_head.npy", o->dir);
+    if (kn_npy_read_f32(path, &enc_ref, &nd, es, &err) == KN_OK) {
+        const kn_whisper_config *c = kn_whisper_cfg(w);
+        float *enc = malloc(sizeof(float) * (size_t)c->max_source_positions * c->d_model);
+        kn_whisper_encoder_output(w, enc);
+        double md = max_diff(enc, enc_ref, es[0] * es[1]), sc = max_abs(enc_ref, es[0] * es[1]);
+        CHECK(es[1] == c->d_model && md <= 1e-4 * sc, "encoder output: max |d| %g (scale %g)", md, sc);
+        printf("encoder vs transformers: max |d| = %.3g (max |x| %.3g)\n", md, sc);
+        free(enc);
+    } else {
+        CHECK(0, "%s", err.msg);
+    }
+    snprintf(path, sizeof path, "%s/logits.npy", o->dir);
+    int32_t ids[512];
+    int n = read_ids(json_object_get(o->ref, "teacher_ids"), ids, 512);
+    if (kn_npy_read_f32(path, &lg_ref, &nd, ls, &err) == KN_OK && n == ls[0]) {
+        float *lg = malloc(sizeof(float) * (size_t)(ls[0] * ls[1]));
+        kn_code rc = kn_whisper_decode(w, 1, n, ids, 0, 1, lg, &err);
+        CHECK(rc == KN_OK, "teacher-forced decode: %s", err.msg);
+        double md = max_diff(lg, lg_ref, ls[0] * ls[1]), sc = max_abs(lg_ref, ls[0] * ls[1]);
+        CHECK(md <= 1e-4 * sc, "decoder logits: max |d| %g > 1e-4 x %g", md, sc);
+        printf("logits vs transformers: max |d| = %.3g (max |logit| %.3g)\n", md, sc);
+        free(lg);
+    } else {
+        CHECK(0, "logits fixture: %s (ids %d)", err.msg, n);
+    }
+    free(enc_ref), free(lg_ref);
+}
+
+/* Decode cases: kiln's decoder over the oracle mel gives transformers' tokens. */
+static void test_oracle_decode(oracle *o, kn_whisper *w) {
+    json_t *cases = json_object_get(o->ref, "cases");
+    size_t i;
+    json_t *cs;
+    int n_checked = 0;
+    json_array_foreach(cases, i, cs) {
+        const char *name = json_string_value(json_object_get(cs, "name"));
+        const char *lang = json_string_value(json_object_get(cs, "language"));
+        const char *task = json_string_value(json_object_get(cs, "task"));
+        int ts = json_is_true(json_object_get(cs, "timestamps"));
+        int beams = (int)json_integer_value(json_object_get(cs, "num_beams"));
+        int max_new = (int)json_integer_value(json_object_get(cs, "max_new_tokens"));
+        int32_t want[512], prompt[64];
+        int n_want, n_prompt = read_ids(json_object_get(cs, "prompt"), prompt, 64);
+        json_t *toks = json_object_get(cs, "tokens");
+        if (toks) {
+            n_want = read_ids(toks, want, 512);
+        } else {
+            /* beam cases: transformers' generate output after the prompt, eot dropped */
+            json_t *seq = json_object_get(json_object_get(cs, "hf_generate"), "sequences");
+            if (!seq) {
+                CHECK(0, "%s: no oracle tokens (%s)", name,
+                      json_string_value(json_object_get(json_object_get(cs, "hf_generate"), "error")));
+                continue;
+            }
+            int32_t all[600];
+            int n_all = read_ids(seq, all, 600), k = 0;
+            /* with or without the prompt (and its <|startofprev|> prefix) */
+            int sot_at = 0;
+            while (sot_at < n_prompt && prompt[sot_at] != kn_whisper_cfg(w)->decoder_start_token_id) sot_at++;
+            if (n_all >= n_prompt && !memcmp(all, prompt, sizeof(int32_t) * (size_t)n_prompt)) k = n_prompt;
+            else if (n_all >= n_prompt - sot_at &&
+                     !memcmp(all, prompt + sot_at, sizeof(int32_t) * (size_t)(n_prompt - sot_at)))
+                k = n_prompt - sot_at;
+            n_want = 0;
+            for (; k < n_all; k++) want[n_want++] = all[k];
+        }
+        kn_decode_options opt;
+        kn_decode_options_default(&opt);
+        opt.language = lang;
+        opt.task = task && !strcmp(task, "translate") ? KN_TASK_TRANSLATE : KN_TASK_TRANSCRIBE;
+        opt.timestamps = ts;
+        opt.beam_size = beams;
+        opt.max_new_tokens = max_new;
+        int32_t prev[256];
+        int n_prev = read_ids(json_object_get(cs, "prev"), prev, 256);
+        kn_decode_result r;
+        kn_error err = {0};
+        kn_code rc = kn_whisper_decode_window(w, o->mel, n_prev ? prev : NULL, n_prev, &opt, 0.0f, &r, &err);
+        CHECK(rc == KN_OK, "%s: %s", name, err.msg);
+        if (rc) continue;
+        /* compare generated tokens; eot counts when the oracle includes it */
+        int n_got = r.n_tokens;
+        int32_t got[600];
+        memcpy(got, r.tokens, sizeof(int32_t) * (size_t)n_got);
+        if (n_want > 0 && want[n_want - 1] != r.eot && n_got > 0 && got[n_got - 1] == r.eot) n_got--;
+        if (n_want > 0 && want[n_want - 1] == r.eot && !(n_got > 0 && got[n_got - 1] == r.eot)) got[n_got++] = r.eot;
+        int same = n_got == n_want && !memcmp(got, want, sizeof(int32_t) * (size_t)n_want);
+        CHECK(same, "%s: tokens differ from transformers (got %d, want %d tokens)", name, n_got, n_want);
+        if (!same) {
+            fprintf(stderr, "  got :");
+            for (int k = 0; k < n_got; k++) fprintf(stderr, " %d", got[k]);
+            fprintf(stderr, "\n  want:");
+            for (int k = 0; k < n_want; k++) fprintf(stderr, " %d", want[k]);
+            fprintf(stderr, "\n");
+        }
+        json_t *alp = json_object_get(cs, "avg_logprob");
+        if (json_is_number(alp))
+            CHECK(fabs(r.avg_logprob - json_number_value(alp)) <= 1e-4 * fabs(json_number_value(alp)) + 1e-5,
+                  "%s: avg_logprob %g, transformers %g", name, r.avg_logprob, json_number_value(alp));
+        if (!lang) {
+            int want_lang = (int)json_integer_value(json_object_get(o->ref, "detected_language_id"));
+            CHECK(r.language_token == want_lang, "%s: detected language token %d, want %d", name, r.language_token,
+                  want_lang);
+        }
+        json_t *crt = json_object_get(cs, "compression_ratio_tokens");
+        if (json_is_number(crt))
+            CHECK(fabs(r.compression_ratio - json_number_value(crt)) <= 1e-9 * json_number_value(crt),
+                  "%s: compression ratio %g, transformers %g", name, r.compression_ratio, json_number_value(crt));
+        json_t *case_nsp = json_object_get(cs, "no_speech_prob");
+        double nsp = json_number_value(case_nsp ? case_nsp : json_object_get(o->ref, "no_speech_prob"));
+        CHECK(fabs(r.no_speech_prob - nsp) <= 1e-4 * nsp + 1e-6, "%s: no_speech_prob %g, want %g", name,
+              r.no_speech_prob, nsp);
+        kn_decode_result_free(&r);
+        n_checked++;
+    }
+    CHECK(n_checked >= 6, "only %d decode cases checked", n_checked);
+    printf("decode cases identical to transformers: %d\n", n_checked);
+}
+
+static kn_code detok(void *user, const int32_t *ids, int n, char **text, kn_error *err) {
+    size_t len;
+    return kn_tokenizer_decode(user, ids, n, 1, text, &len, err);
+}
+
+/* kn_transcribe end to end (audio -> kiln mel -> decode -> text) equals
+ * transformers' greedy text for the no-timestamps case. */
+static void test_oracle_text(oracle *o, kn_whisper *w) {
+    kn_tokenizer *tk = NULL;
+    kn_error err = {0};
+    CHECK(kn_tokenizer_load(o->dir, &tk, &err) == KN_OK, "tokenizer: %s", err.msg);
+    if (!tk) return;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/audio/jfk.wav", kn_test_fixtures());
+    float *pcm = NULL;
+    int64_t n = 0;
+    CHECK(kn_audio_load_file(path, 0, &pcm, &n, &err) == KN_OK, "jfk.wav: %s", err.msg);
+    json_t *cs = NULL, *c;
+    size_t i;
+    json_array_foreach(json_object_get(o->ref, "cases"), i, c) if (!strcmp(json_string_value(json_object_get(c, "name")),
+                                                                           "greedy_en_notimestamps")) cs = c;
+    if (pcm && cs) {
+        kn_decode_options opt;
+        kn_decode_options_default(&opt);
+        opt.language = "en";
+        opt.timestamps = 0;
+        opt.n_temperatures = 1;
+        opt.no_speech_threshold = NAN;
+        opt.max_new_tokens = (int)json_integer_value(json_object_get(cs, "max_new_tokens"));
+        opt.detok = detok;
+        opt.detok_user = tk;
+        kn_transcript t;
+        kn_code rc = kn_transcribe(w, pcm, n, &opt, &t, &err);
+        CHECK(rc == KN_OK, "transcribe: %s", err.msg);
+        const char *want = json_string_value(json_object_get(cs, "text"));
+        if (!rc) CHECK(want && t.text && !strcmp(t.text, want), "transcript text '%s', transformers '%s'", t.text, want);
+        if (!rc) kn_transcript_free(&t);
+    }
+    free(pcm);
+    kn_tokenizer_free(tk);
+}
+
+/* streaming: on_segment sees every segment in order; non-zero stops */
+static int count_segments(void *user, const kn_segment *s) {
+    int *c = user;
+    if (s->id != c[0]) c[2] = 1; /* out of order */
+    c[0]++;
+    return c[1] > 0 && c[0] >= c[1];
+}
+
+static void test_segment_callback(kn_whisper *w) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/audio/jfk.wav", kn_test_fixtures());
+    float *pcm = NULL;
+    int64_t n = 0;
+    kn_error err = {0};
+    if (kn_audio_load_file(path, 0, &pcm, &n, &err)) {
+        CHECK(0, "jfk.wav: %s", err.msg);
+        return;
+    }
+    kn_decode_options opt;
+    kn_decode_options_default(&opt);
+    opt.language = "en";
+    opt.n_temperatures = 1;
+    opt.no_speech_threshold = NAN;
+    opt.max_new_tokens = 24;
+    int c[3] = {0, 0, 0};
+    opt.on_segment = count_segments;
+    opt.on_segment_user = c;
+    kn_transcript t;
+    kn_code rc = kn_transcribe(w, pcm, n, &opt, &t, &err);
+    CHECK(rc == KN_OK && t.n_segments >= 2 && c[0] == t.n_segments && !c[2], "segment callbacks %d of %d segments: %s",
+          c[0], rc ? -1 : t.n_segments, err.msg);
+    for (int i = 0; !rc && i < t.n_segments; i++)
+        CHECK(t.segments[i].start <= t.segments[i].end && t.segments[i].end <= t.duration + 1e-9 &&
+                  (i == 0 || t.segments[i].start >= t.segments[i - 1].start),
+              "segment %d times %g..%g", i, t.segments[i].start, t.segments[i].end);
+    if (!rc) kn_transcript_free(&t);
+    c[0] = 0, c[1] = 1;
+    rc = kn_transcribe(w, pcm, n, &opt, &t, &err);
+    CHECK(rc == KN_OK && t.n_segments == 1 && c[0] == 1, "stop after the first segment: %d segments", rc ? -1 : t.n_segments);
+    if (!rc) kn_transcript_free(&t);
+    free(pcm);
+}
+
+static void test_oracle(void) {
+    oracle o = {0};
+    if (oracle_load(&o)) return;
+    kn_whisper *w = NULL;
+    kn_error err = {0};
+    kn_whisper_options opt = {.backend = backend_name, .n_threads = 2, .max_slots = 5};
+    kn_code rc = kn_whisper_open(o.dir, &opt, &w, &err);
+    CHECK(rc == KN_OK, "open fixture: %s", err.msg);
+    if (!rc) {
+        rc = kn_whisper_encode(w, o.mel, &err);
+        CHECK(rc == KN_OK, "encode: %s", err.msg);
+        if (!rc) test_oracle_logits(&o, w);
+        test_oracle_decode(&o, w);
+        test_segment_callback(w);
+        test_oracle_text(&o, w);
+        kn_whisper_close(w);
+    }
+    free(o.mel);
+    json_decref(o.ref);
+}
+
+/* ---- output formats (SubRip / WebVTT / OpenAI verbose_json layouts) -------- */
+static void test_formats(void) {
+    int32_t t0[] = {5, 6}, t1[] = {7};
+    kn_segment segs[2] = {
+        {.id = 0, .seek = 0, .start = 0.0, .end = 3.5, .tokens = t0, .n_tokens = 2, .text = " And so my fellow",
+         .avg_logprob = -0.25, .compression_ratio = 1.5, .no_speech_prob = 0.01},
+        {.id = 1, .seek = 0, .start = 3.5, .end = 3661.042, .tokens = t1, .n_tokens = 1, .text = " Americans.",
+         .temperature = 0.2f, .avg_logprob = -0.5, .compression_ratio = 1.0, .no_speech_prob = 0.02},
+    };
+    kn_transcript t = {.segments = segs, .n_segments = 2, .language = "en", .text = " And so my fellow Americans.",
+                       .duration = 11.0};
+    char *out = NULL;
+    kn_error err = {0};
+    CHECK(kn_transcript_format(&t, "srt", "transcribe", &out, &err) == KN_OK, "srt: %s", err.msg);
+    const char *srt = "1\n00:00:00,000 --> 00:00:03,500\nAnd so my fellow\n\n"
+                      "2\n00:00:03,500 --> 01:01:01,042\nAmericans.\n\n";
+    CHECK(out && !strcmp(out, srt), "srt output:\n%s", out ? out : "(null)");
+    free(out);
+    CHECK(kn_transcript_format(&t, "vtt", "transcribe", &out, &err) == KN_OK, "vtt: %s", err.msg);
+    const char *vtt = "WEBVTT\n\n00:00:00.000 --> 00:00:03.500\nAnd so my fellow\n\n"
+                      "00:00:03.500 --> 01:01:01.042\nAmericans.\n\n";
+    CHECK(out && !strcmp(out, vtt), "vtt output:\n%s", out ? out : "(null)");
+    free(out);
+    CHECK(kn_transcript_format(&t, "text", "transcribe", &out, &err) == KN_OK && out &&
+              !strcmp(out, "And so my fellow Americans.\n"), "text output: %s", out ? out : "(null)");
+    free(out);
+    CHECK(kn_transcript_format(&t, "json", "transcribe", &out, &err) == KN_OK && out &&
+              !strcmp(out, "{\"text\":\" And so my fellow Americans.\"}\n"), "json output: %s", out ? out : "(null)");
+    free(out);
+    CHECK(kn_transcript_format(&t, "verbose_json", "translate", &out, &err) == KN_OK, "verbose_json: %s", err.msg);
+    json_error_t je;
+    json_t *j = out ? json_loads(out, 0, &je) : NULL;
+    CHECK(j != NULL, "verbose_json does not parse: %s", out ? out : "(null)");
+    if (j) {
+        json_t *s1 = json_array_get(json_object_get(j, "segments"), 1);
+        CHECK(!strcmp(json_string_value(json_object_get(j, "task")), "translate") &&
+                  !strcmp(json_string_value(json_object_get(j, "language")), "en") &&
+                  json_real_value(json_object_get(j, "duration")) == 11.0 &&
+                  json_array_size(json_object_get(j, "segments")) == 2 &&
+                  json_integer_value(json_object_get(s1, "id")) == 1 &&
+                  fabs(json_real_value(json_object_get(s1, "end")) - 3661.042) < 1e-9 &&
+                  !strcmp(json_string_value(json_object_get(s1, "text")), " Americans.") &&
+                  json_integer_value(json_array_get(json_object_get(s1, "tokens"), 0)) == 7 &&
+                  fabs(json_real_value(json_object_get(s1, "temperature")) - 0.2) < 1e-6 &&
+                  json_object_get(s1, "avg_logprob") && json_object_get(s1, "compression_ratio") &&
+                  json_object_get(s1, "no_speech_prob") && json_object_get(s1, "seek"),
+              "verbose_json fields: %s", out);
+        json_decref(j);
+    }
+    free(out);
+    CHECK(kn_transcript_format(&t, "docx", "transcribe", &out, &err) == KN_ERR_INVALID_ARG, "unknown format accepted");
+}
+
+int main(void) {
+    backend_name = getenv("KILN_TEST_BACKEND");
+    if (backend_name) {
+        kn_backend *be;
+        kn_error err = {0};
+        if (kn_backend_create(backend_name, 1, &be, &err)) {
+            printf("test_whisper: SKIP backend %s: %s\n", backend_name, err.msg);
+            return 77;
+        }
+        kn_backend_destroy(be);
+    }
+    test_formats();
+    test_cache_consistency();
+    test_oracle();
+    return kn_test_done("test_whisper");
+}

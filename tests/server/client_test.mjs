@@ -325,6 +325,15 @@ if (C) {
     const r2 = await cc.chat.completions.create({ model: 'm', messages: msgs, tools: c.tools, temperature: 0, max_tokens: 48 });
     assert.equal(r2.usage.prompt_tokens, res.prompt_ids.length, 'round-trip prompt differs from the HF rendering');
     assert.equal(r2.choices[0].message.content, expectChat(res.greedy_text_skip_special).content);
+    // tool_choice "required" starts the answer inside <tool_call>: same call as the free answer
+    const rq = await cc.chat.completions.create(chatReq(c, { tool_choice: 'required' }));
+    assert.equal(rq.choices[0].finish_reason, 'tool_calls');
+    assert.deepEqual(rq.choices[0].message.tool_calls.map((t) => t.function), msg.tool_calls.map((t) => t.function));
+    assert.equal(rq.usage.prompt_tokens, c.prompt_ids.length + 2, 'the forced "<tool_call>\\n" should add 2 tokens');
+    // "none" leaves the tags as text
+    const rn = await cc.chat.completions.create(chatReq(c, { tool_choice: 'none' }));
+    assert.equal(rn.choices[0].message.tool_calls, undefined);
+    assert.match(rn.choices[0].message.content, /<tool_call>/);
   });
 
   await test('prefix cache: a repeated prompt reports cached_tokens and the same answer', async () => {
@@ -391,6 +400,10 @@ if (C) {
       const su = ant.messages.stream({ model: 'm', max_tokens: 48, temperature: 0, messages: tc.messages, tools });
       const fm = await su.finalMessage();
       assert.deepEqual(fm.content.filter((b) => b.type === 'tool_use').map((b) => b.input), uses.map((b) => b.input));
+      const ma = await ant.messages.create({ model: 'm', max_tokens: 48, temperature: 0, messages: tc.messages, tools,
+        tool_choice: { type: 'any' } });
+      assert.deepEqual(ma.content.filter((b) => b.type === 'tool_use').map((b) => [b.name, b.input]),
+        uses.map((b) => [b.name, b.input]));
     }
     await expectStatus(ant.messages.create({ model: 'm', max_tokens: 'x', messages: cap.messages }), 400, Anthropic.BadRequestError);
   });

@@ -149,13 +149,16 @@ int kn_gen_pull(kn_gen_run *g, int conn_fd) {
     if (g->done) return 0;
     kn_token_event ev;
     int rc;
-    /* wait for the first event, watching the client */
-    while ((rc = kn_request_next(g->req, &ev, 100)) == 0)
-        if (client_gone(conn_fd)) {
+    /* wait for the first event, watching the client (also between events:
+     * a non-streaming answer writes nothing until the end) */
+    while ((rc = client_gone(conn_fd) ? -2 : kn_request_next(g->req, &ev, 100)) <= 0)
+        if (rc == -2 || (rc == 0 && client_gone(conn_fd))) {
             kn_request_cancel(g->req);
             g->finish = KN_FINISH_CANCELLED;
             g->done = 1;
             return 0;
+        } else if (rc == -1) {
+            break;
         }
     while (rc == 1) {
         record_event(g, &ev);

@@ -213,6 +213,25 @@ await test('client disconnect mid-stream cancels and frees the KV blocks', async
   assert.ok(ok, 'the aborted request was not cancelled / its blocks not freed');
 });
 
+await test('client disconnect while waiting for a non-streaming answer cancels it', async () => {
+  const before = await metrics(B);
+  const c0 = before.get('kiln_requests_finished_total{reason="cancelled"}');
+  const ac = new AbortController();
+  const p = cb.completions.create(
+    { model: 'llama', prompt: [8, 9, 10], max_tokens: 4000, temperature: 0, ignore_eos: true }, { signal: ac.signal });
+  await until(async () => (await metrics(B)).get('kiln_running_sequences') === 1);
+  ac.abort();
+  await assert.rejects(p);
+  const ok = await until(async () => {
+    const m = await metrics(B);
+    return m.get('kiln_requests_finished_total{reason="cancelled"}') === c0 + 1 && m.get('kiln_running_sequences') === 0;
+  });
+  assert.ok(ok, 'the abandoned non-streaming request kept running');
+  const m = await metrics(B);
+  assert.ok(m.get('kiln_requests_finished_total{reason="length"}') === before.get('kiln_requests_finished_total{reason="length"}'),
+    'it ran to max_tokens instead of being cancelled');
+});
+
 await test('a full queue answers 429', async () => {
   // one runs, one waits, the rest are refused: 1000 tokens keep the only slot busy far longer
   // than the six submissions take (sanitizer builds are slow: generous client timeout)

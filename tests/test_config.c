@@ -127,6 +127,22 @@ int main(void) {
                 "\"sliding_window\": 8}", NULL, &c, &err) == KN_OK && !c.layer_sliding[0] && c.layer_sliding[1],
           "smollm3: with use_sliding_window the NoPE layers slide");
 
+    CHECK(parse("{\"model_type\": \"gemma4_text\", \"vocab_size\": 100, \"hidden_size\": 64, \"intermediate_size\": 32, "
+                "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
+                "\"global_head_dim\": 32, \"num_global_key_value_heads\": 1, \"attention_k_eq_v\": true, "
+                "\"num_kv_shared_layers\": 1, \"hidden_size_per_layer_input\": 4, \"vocab_size_per_layer_input\": 100, "
+                "\"enable_moe_block\": true, \"num_experts\": 4, \"top_k_experts\": 2, \"moe_intermediate_size\": 8, "
+                "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\"], \"rope_parameters\": "
+                "{\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 1e4}, \"full_attention\": "
+                "{\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25, \"rope_theta\": 1e6}}}", NULL, &c, &err) == KN_OK &&
+              c.arch == KN_ARCH_GEMMA4 && c.layer_head_dim[0] == 16 && c.layer_kv_heads[0] == 2 && c.layer_head_dim[1] == 32 &&
+              c.layer_kv_heads[1] == 1 && !c.layer_sliding[2] && c.layer_head_dim[2] == 32 && c.k_eq_v && c.v_norm &&
+              c.n_kv_shared_layers == 1 && c.ple_dim == 4 && c.moe_parallel && c.n_experts_per_tok == 2 &&
+              c.rope.type == KN_ROPE_PROPORTIONAL && c.rope_local.theta == 1e4 && c.attn_scale == 1.0 &&
+              c.norm_weight_offset == 0.0,
+          "gemma4_text: per-layer head dims, last layer forced global, k=v, KV sharing, PLE, MoE block, proportional rope: %s",
+          err.msg);
+
     expect_error("{\"model_type\": \"bert\", " BASE "}", KN_ERR_UNSUPPORTED, "llama, mistral, qwen2, qwen3, phi3");
     expect_error("{" BASE "}", KN_ERR_FORMAT, "model_type");
     expect_error("{\"model_type\": \"llama\", \"hidden_size\": 64}", KN_ERR_FORMAT, "vocab_size");

@@ -4,7 +4,8 @@
  * dtype. Outputs are poisoned with NaN before each run; a NaN never passes.
  * KILN_TEST_BACKEND=cuda runs the same checks on the GPU (inputs uploaded,
  * results downloaded). The model-family ops (soft-capping, scale, sigmoid
- * gate, MoE routing and experts) are checked the same way at the end. */
+ * gate, MoE routing and experts) are checked the same way at the end, and
+ * MLX-quantized weights (bits 2/4/8, groups 32/64/128) after the matmuls. */
 #include <string.h>
 
 #include "backend/backend.h"
@@ -105,6 +106,137 @@ static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
     }
     kn_be_weight_free(be, &w);
     free(x), free(out), free(bias), free(wf), free(wraw);
+}
+
+/* MLX affine-quantized weights: random codes, scales and biases stored in
+ * sb (F32/BF16/F16); the float64 reference multiplies by the dequantized
+ * values scale*q + bias. matmul (decode and prefill shapes), matmul_add and
+ * embed. */
+static void *quant_random(int bits, int gs, int N, int K, kn_dtype sb, double *wd, kn_quant_host *h) {
+    const int per = 32 / bits, G = K / gs;
+    uint32_t *q = calloc((size_t)N * K / per + 1, 4);
+    size_t esz = kn_dtype_size(sb);
+    uint8_t *sc = malloc((size_t)N * G * esz + 1), *bi = malloc((size_t)N * G * esz + 1);
+    for (int64_t i = 0; i < (int64_t)N * G; i++) {
+        float s = (kn_test_rand(&seed) + 1.5f) * 0.02f, b = kn_test_rand(&seed) * 0.2f;
+        if (sb == KN_DT_F32) memcpy(sc + i * 4, &s, 4), memcpy(bi + i * 4, &b, 4);
+        else {
+            uint16_t hs = sb == KN_DT_BF16 ? kn_f32_to_bf16(s) : kn_f32_to_f16(s);
+            uint16_t hb = sb == KN_DT_BF16 ? kn_f32_to_bf16(b) : kn_f32_to_f16(b);
+            memcpy(sc + i * 2, &hs, 2), memcpy(bi + i * 2, &hb, 2);
+        }
+    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) {
+            uint32_t code = (uint32_t)((kn_test_rand(&seed) + 1.0f) * 0.5f * (float)(1 << bits)) & ((1u << bits) - 1);
+            q[(n * K + k) / per] |= code << (bits * ((n * K + k) % per));
+            int64_t g = n * G + k / gs;
+            wd[n * K + k] = (double)kn_load_f32(sc, sb, g) * code + (double)kn_load_f32(bi, sb, g);
+        }
+    *h = (kn_quant_host){.rows = N, .cols = K, .bits = bits, .group_size = gs, .q = q, .scales = sc, .biases = bi,
+                         .sb_dtype = sb};
+    return q;
+}
+
+static void quant_host_free(kn_quant_host *h) {
+    free((void *)h->q), free((void *)h->scales), free((void *)h->biases);
+}
+
+static void test_qmatmul(int bits, int gs, int M, int N, int K, int with_bias, kn_dtype sb) {
+    double *wd = malloc((size_t)N * K * sizeof(double));
+    kn_quant_host h;
+    quant_random(bits, gs, N, K, sb, wd, &h);
+    float *x = malloc((size_t)M * K * 4), *out = malloc((size_t)M * N * 4), *bias = malloc((size_t)N * 4);
+    fill(x, (int64_t)M * K, 1.0f);
+    fill(bias, N, 0.5f);
+    kn_weight w;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load_quant(be, &h, &w, &err) == KN_OK, "weight_load_quant: %s", err.msg);
+    quant_host_free(&h);
+    for (int pass = 0; pass < (be->vt->matmul_add ? 2 : 1); pass++) {
+        const float start = pass ? 1.5f : NAN;
+        for (int64_t i = 0; i < (int64_t)M * N; i++) out[i] = start;
+        float *dx = dev(x, (size_t)M * K * 4), *db = dev(bias, (size_t)N * 4), *dout = dev(out, (size_t)M * N * 4);
+        if (pass) be->vt->matmul_add(be, dx, M, &w, with_bias ? db : NULL, dout);
+        else be->vt->matmul(be, dx, M, &w, with_bias ? db : NULL, dout);
+        back(out, dout, (size_t)M * N * 4);
+        kn_be_free(be, dx), kn_be_free(be, db);
+        int bad = 0;
+        for (int m = 0; m < M && bad < 3; m++)
+            for (int n = 0; n < N && bad < 3; n++) {
+                double ref = (pass ? 1.5 : 0.0) + (with_bias ? bias[n] : 0.0), mag = fabs(ref);
+                for (int k = 0; k < K; k++) {
+                    ref += (double)x[m * K + k] * wd[(int64_t)n * K + k];
+                    mag += fabs((double)x[m * K + k] * wd[(int64_t)n * K + k]);
+                }
+                if (!close_to(out[(int64_t)m * N + n], ref, mag, 4e-6 * sqrt(K + 1.0))) {
+                    bad++;
+                    CHECK(0, "q%d g%d %s %s M=%d N=%d K=%d bias=%d at [%d,%d]: got %g want %g", bits, gs,
+                          kn_dtype_name(sb), pass ? "matmul_add" : "matmul", M, N, K, with_bias, m, n,
+                          out[(int64_t)m * N + n], ref);
+                }
+            }
+    }
+    kn_be_weight_free(be, &w);
+    free(x), free(out), free(bias), free(wd);
+}
+
+static void test_qembed(int bits, int gs, int V, int D) {
+    double *wd = malloc((size_t)V * D * sizeof(double));
+    kn_quant_host h;
+    quant_random(bits, gs, V, D, KN_DT_BF16, wd, &h);
+    kn_weight w;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load_quant(be, &h, &w, &err) == KN_OK, "weight_load_quant: %s", err.msg);
+    quant_host_free(&h);
+    int32_t ids[5] = {0, V - 1, V / 2, 3 % V, V - 1};
+    float *out = malloc(5 * (size_t)D * 4);
+    poison(out, 5 * (int64_t)D);
+    int32_t *dids = dev(ids, sizeof ids);
+    float *dout = dev(out, 5 * (size_t)D * 4);
+    be->vt->embed(be, &w, dids, 5, dout);
+    back(out, dout, 5 * (size_t)D * 4);
+    kn_be_free(be, dids);
+    int bad = 0;
+    for (int i = 0; i < 5 && bad < 3; i++)
+        for (int j = 0; j < D && bad < 3; j++) {
+            double ref = wd[(int64_t)ids[i] * D + j];
+            if (!close_to(out[(int64_t)i * D + j], ref, fabs(ref), 1e-6)) {
+                bad++;
+                CHECK(0, "q%d g%d embed V=%d D=%d id %d col %d: got %g want %g", bits, gs, V, D, ids[i], j,
+                      out[(int64_t)i * D + j], ref);
+            }
+        }
+    kn_be_weight_free(be, &w);
+    free(out), free(wd);
+}
+
+static void test_quant_ops(void) {
+    if (!be->vt->weight_load_quant) {
+        printf("test_ops: quantized weights unsupported on %s\n", be->vt->name);
+        return;
+    }
+    const int bits[] = {4, 8, 2}, gss[] = {32, 64, 128}, Ms[] = {1, 2, 3, 5, 9, 70}, Ns[] = {1, 17, 63, 100};
+    for (int b = 0; b < 3; b++)
+        for (int g = 0; g < 3; g++)
+            for (size_t m = 0; m < sizeof Ms / sizeof *Ms; m++)
+                for (size_t n = 0; n < sizeof Ns / sizeof *Ns; n++) {
+                    int K = gss[g] * (1 + (int)((m + n) % 3)) + (b == 0 && g == 0 ? 256 : 0); /* >1 KC block too */
+                    kn_dtype sb = (m + n) % 3 == 0 ? KN_DT_BF16 : (m + n) % 3 == 1 ? KN_DT_F16 : KN_DT_F32;
+                    test_qmatmul(bits[b], gss[g], Ms[m], Ns[n], K, (int)((m + n + b) % 2), sb);
+                }
+    test_qmatmul(4, 64, 130, 75, 640, 1, KN_DT_BF16); /* several KC blocks, M tiles, odd N */
+    for (int b = 0; b < 3; b++)
+        for (int g = 0; g < 3; g++) test_qembed(bits[b], gss[g], 37, gss[g] * 3);
+    /* bad descriptions are refused, not run */
+    kn_quant_host h = {.rows = 4, .cols = 96, .bits = 4, .group_size = 64, .sb_dtype = KN_DT_BF16};
+    kn_weight w;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load_quant(be, &h, &w, &err) == KN_ERR_FORMAT, "cols %% group_size accepted");
+    h.cols = 128, h.bits = 3;
+    CHECK(kn_be_weight_load_quant(be, &h, &w, &err) == KN_ERR_UNSUPPORTED, "3-bit accepted");
+    h.bits = 4, h.group_size = 48;
+    CHECK(kn_be_weight_load_quant(be, &h, &w, &err) == KN_ERR_UNSUPPORTED, "group 48 accepted");
 }
 
 static void test_rms_norm(int rows, int groups, int dim) {
@@ -475,19 +607,22 @@ static void ref_route(const float *l, int E, int k, int norm, int32_t *idx, doub
     }
 }
 
-static void test_moe_route(int rows, int E, int k, int norm) {
-    float *l = malloc((size_t)rows * E * 4), *w = malloc((size_t)rows * k * 4);
+static void test_moe_route(int rows, int E, int k, int norm, int scaled) {
+    float *l = malloc((size_t)rows * E * 4), *w = malloc((size_t)rows * k * 4), *es = malloc((size_t)E * 4);
     int32_t *idx = malloc((size_t)rows * k * 4), ridx[64];
     double rw[64];
     fill(l, (int64_t)rows * E, 4.0f);
-    float *dl = dev(l, (size_t)rows * E * 4), *dw = dev(NULL, (size_t)rows * k * 4);
+    for (int e = 0; e < E; e++) es[e] = 0.5f + fabsf(kn_test_rand(&seed));
+    float *dl = dev(l, (size_t)rows * E * 4), *dw = dev(NULL, (size_t)rows * k * 4), *des = dev(es, (size_t)E * 4);
     int32_t *di = dev(NULL, (size_t)rows * k * 4);
-    be->vt->moe_route(be, dl, rows, E, k, norm, di, dw);
+    be->vt->moe_route(be, dl, rows, E, k, norm, scaled ? des : NULL, di, dw);
     back(w, dw, (size_t)rows * k * 4);
     back(idx, di, (size_t)rows * k * 4);
-    kn_be_free(be, dl);
+    kn_be_free(be, dl), kn_be_free(be, des);
     for (int r = 0; r < rows; r++) {
         ref_route(l + (size_t)r * E, E, k, norm, ridx, rw);
+        if (scaled)
+            for (int j = 0; j < k; j++) rw[j] *= es[ridx[j]];
         for (int j = 0; j < k; j++)
             if (idx[r * k + j] != ridx[j] || !close_to(w[r * k + j], rw[j], rw[j], 1e-5)) {
                 CHECK(0, "moe_route rows=%d E=%d k=%d norm=%d [%d,%d]: got %d/%g want %d/%g", rows, E, k, norm, r, j,
@@ -496,7 +631,25 @@ static void test_moe_route(int rows, int E, int k, int norm) {
                 break;
             }
     }
-    free(l), free(w), free(idx);
+    free(l), free(w), free(idx), free(es);
+}
+
+static void test_mul_rows(void) {
+    const int rows = 5, dim = 7, xs = 19;
+    float *y = malloc(rows * dim * 4), *x = malloc(rows * xs * 4), *out = malloc(rows * dim * 4);
+    fill(y, rows * dim, 2.0f), fill(x, rows * xs, 2.0f);
+    float *dy = dev(y, rows * dim * 4), *dx = dev(x, rows * xs * 4);
+    be->vt->mul_rows(be, dy, dx + 3, xs, rows, dim);
+    back(out, dy, rows * dim * 4);
+    kn_be_free(be, dx);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < dim; j++)
+            if (!close_to(out[r * dim + j], (double)y[r * dim + j] * x[r * xs + 3 + j], 4.0, 1e-7)) {
+                CHECK(0, "mul_rows [%d,%d]: got %g", r, j, out[r * dim + j]);
+                r = rows;
+                break;
+            }
+    free(y), free(x), free(out);
 }
 
 static double act_ref(double g, int act) {
@@ -662,6 +815,7 @@ int main(void) {
             for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
                 for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) test_matmul(dts[d], Ms[a], Ns[b], Ks[c], (a + b + c) % 2);
     test_matmul(KN_DT_BF16, 130, 300, 1030, 1); /* several KC blocks and M tiles */
+    test_quant_ops();
     test_rms_norm(1, 1, 64);
     test_rms_norm(5, 4, 32);
     test_rms_norm(3, 1, 4096);
@@ -694,9 +848,11 @@ int main(void) {
     test_gelu_geglu(KN_GELU_ERF);
     test_gelu_geglu(KN_GELU_TANH);
     test_softcap_scale_gate();
-    test_moe_route(1, 8, 2, 1);
-    test_moe_route(37, 60, 4, 0);
-    test_moe_route(5, 128, 8, 1);
+    test_moe_route(1, 8, 2, 1, 0);
+    test_moe_route(37, 60, 4, 0, 0);
+    test_moe_route(5, 128, 8, 1, 0);
+    test_moe_route(9, 4, 2, 1, 1); /* gemma4 per-expert scale */
+    test_mul_rows();
     for (int d = 0; d < 3; d++) {
         test_moe_ffn(dts[d], 1, 8, 2, 64, 48, KN_ACT_SILU);  /* decode */
         test_moe_ffn(dts[d], 13, 6, 3, 40, 24, KN_ACT_SILU); /* several tokens per expert */

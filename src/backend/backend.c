@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "base/quant.h"
 
 kn_code kn_cpu_backend_create(int n_threads, kn_backend **out, kn_error *err);
 #ifdef KILN_HAVE_CUDA
@@ -23,4 +24,15 @@ kn_code kn_backend_create(const char *name, int n_threads, kn_backend **out, kn_
 
 void kn_backend_destroy(kn_backend *be) {
     if (be) be->vt->destroy(be);
+}
+
+kn_code kn_be_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err) {
+    kn_code rc = kn_quant_check("quantized weight", src->bits, src->group_size, src->rows, src->cols, err);
+    if (rc) return rc;
+    if (src->sb_dtype != KN_DT_F32 && src->sb_dtype != KN_DT_BF16 && src->sb_dtype != KN_DT_F16)
+        return kn_fail(err, KN_ERR_UNSUPPORTED, "quantized weight: scales/biases of dtype %s (supported: F32, BF16, F16)",
+                       kn_dtype_name(src->sb_dtype));
+    if (!be->vt->weight_load_quant)
+        return kn_fail(err, KN_ERR_UNSUPPORTED, "the %s backend has no quantized weights", be->vt->name);
+    return be->vt->weight_load_quant(be, src, out, err);
 }

@@ -30,13 +30,31 @@ typedef struct kn_backend kn_backend;
 enum { KN_GELU_ERF = 0, KN_GELU_TANH = 1 };
 
 /* A weight matrix [rows, cols] owned by the backend (or borrowed from a
- * mapping that outlives it, see owned). */
+ * mapping that outlives it, see owned).
+ * Quantized weights (bits > 0, MLX affine, dtype KN_DT_U32): data holds the
+ * packed codes [rows, cols * bits / 32] uint32 (element c of a row sits in
+ * word c / (32/bits) at bit offset bits * (c % (32/bits))), followed in the
+ * same allocation by scales and biases [rows, cols / group_size] float32;
+ * element (r, c) = scales[r, c/gs] * q + biases[r, c/gs]. */
 typedef struct {
     kn_dtype dtype;
     int64_t rows, cols;
     const void *data;
     int owned; /* 1: freed by kn_be_weight_free */
+    int bits, group_size;         /* 0 = not quantized */
+    const float *scales, *biases; /* quantized only: inside data's allocation */
 } kn_weight;
+
+/* Host description of an MLX affine-quantized weight for weight_load_quant:
+ * q [rows, cols*bits/32] uint32 (little-endian), scales/biases [rows,
+ * cols/group_size] in sb_dtype (F32/BF16/F16). bits in {2, 4, 8}; group_size
+ * in {32, 64, 128}. Pointers need no alignment. */
+typedef struct {
+    int64_t rows, cols;
+    int bits, group_size;
+    const void *q, *scales, *biases;
+    kn_dtype sb_dtype;
+} kn_quant_host;
 
 /* Rotary embedding tables: inv_freq[rot_dim/2] and the cos/sin scale. The
  * rotation is the rotate-half (GPT-NeoX / HF) form on the first rot_dim
@@ -204,10 +222,17 @@ typedef struct kn_backend_vtbl {
     void (*sigmoid_gate_add)(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
     /* MoE router: per row of logits [rows, n_experts], softmax, then the k
      * largest probabilities (ties: lower expert id first) into idx/w [rows, k]
-     * in descending order; norm_topk: divide the k weights by their sum. */
+     * in descending order; norm_topk: divide the k weights by their sum;
+     * expert_scale (NULL = none): then multiply weight j by expert_scale[idx j] (gemma4). */
     void (*moe_route)(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                      int32_t *idx, float *w);
+                      const float *expert_scale, int32_t *idx, float *w);
     void (*moe_ffn)(kn_backend *be, const kn_moe_args *a);
+    /* y[r, j] *= x[r * x_stride + j] for r < rows, j < dim (gemma4 per-layer inputs) */
+    void (*mul_rows)(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
+    /* optional (NULL: no quantized weights): load an MLX affine-quantized
+     * weight, kept packed (scales/biases widened to f32). matmul, matmul_add
+     * and embed then accept it. */
+    kn_code (*weight_load_quant)(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
 } kn_backend_vtbl;
 
 struct kn_backend {
@@ -239,10 +264,19 @@ static inline kn_code kn_be_weight_load(kn_backend *be, kn_dtype dt, int64_t row
                                         int may_borrow, kn_weight *out, kn_error *err) {
     return be->vt->weight_load(be, dt, rows, cols, host, may_borrow, out, err);
 }
+/* Validates the description (bits, group size, shape) before dispatching. */
+kn_code kn_be_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
+/* Bytes a weight occupies (packed codes plus scales/biases when quantized). */
+static inline int64_t kn_weight_bytes(const kn_weight *w) {
+    if (!w->data) return 0;
+    if (w->bits) return w->rows * (w->cols * w->bits / 8 + 2 * (w->cols / w->group_size) * 4);
+    return w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype);
+}
 static inline void kn_be_weight_free(kn_backend *be, kn_weight *w) {
     if (w->owned && w->data) be->vt->free(be, (void *)w->data);
     w->data = NULL;
     w->owned = 0;
+    w->scales = w->biases = NULL;
 }
 
 #endif

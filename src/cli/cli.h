@@ -13,6 +13,7 @@ int kn_cmd_transcribe(int argc, char **argv);
 int kn_cmd_tokenize(int argc, char **argv);
 int kn_cmd_detokenize(int argc, char **argv);
 int kn_cmd_template(int argc, char **argv);
+int kn_cmd_quantize(int argc, char **argv);
 
 /* `kiln run` with text (-p PROMPT / --chat) on an opened model; exit code. */
 int kn_run_text(kn_model *m, const char *dir, const char *prompt, int chat, const kn_sampling *s);

@@ -20,6 +20,7 @@ static const char usage[] =
     "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--host-logits] [--json]\n"
     "  tokenize MODEL TEXT [--special] [--json]   ids of TEXT (\"-\": stdin); --special adds BOS/EOS etc.\n"
     "  detokenize MODEL IDS... [--skip-special]   text of the ids\n"
+    "  quantize IN_DIR OUT_DIR [--bits 2|4|8] [--group-size 32|64|128] [--force]   MLX affine-quantized copy\n"
     "  template MODEL --messages F.json [--tools F.json] [--no-generation-prompt] [--kwargs JSON] [--variant NAME]\n"
     "        render the model's chat template (as transformers' apply_chat_template) to stdout\n"
     "  serve MODEL [--host 127.0.0.1] [--port 8080] [--max-batch 8] [--api-key KEY] [--ctx N]\n"
@@ -96,10 +97,11 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return kn_cmd_serve(argc - 2, argv + 2);
     if (!strcmp(cmd, "mel")) return kn_cmd_mel(argc - 2, argv + 2);
     if (!strcmp(cmd, "transcribe")) return kn_cmd_transcribe(argc - 2, argv + 2);
-    static const char *const later[] = {"quantize", "pull", "ls", "fit"};
+    if (!strcmp(cmd, "quantize")) return kn_cmd_quantize(argc - 2, argv + 2);
+    static const char *const later[] = {"pull", "ls", "fit"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(cmd, later[i])) {
-            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, serve, tokenize, detokenize, template, mel, transcribe)\n", cmd);
+            fprintf(stderr, "kiln: command \"%s\" is not available in this build yet (available: run, logits, bench, serve, tokenize, detokenize, template, mel, transcribe, quantize)\n", cmd);
             return 2;
         }
     return kn_cli_usage_error("unknown command \"%s\"", cmd);

@@ -20,7 +20,7 @@ static const char *const arch_names[KN_ARCH_COUNT] = {
     [KN_ARCH_GEMMA2] = "gemma2",       [KN_ARCH_GEMMA3] = "gemma3_text",  [KN_ARCH_QWEN2_MOE] = "qwen2_moe",
     [KN_ARCH_QWEN3_MOE] = "qwen3_moe", [KN_ARCH_MIXTRAL] = "mixtral",     [KN_ARCH_OLMO2] = "olmo2",
     [KN_ARCH_GRANITE] = "granite",     [KN_ARCH_STARCODER2] = "starcoder2", [KN_ARCH_GLM4] = "glm4",
-    [KN_ARCH_SMOLLM3] = "smollm3",
+    [KN_ARCH_SMOLLM3] = "smollm3",     [KN_ARCH_GEMMA4] = "gemma4_text",
 };
 _Static_assert(sizeof arch_names / sizeof *arch_names == KN_ARCH_COUNT, "one name per architecture");
 
@@ -29,13 +29,13 @@ _Static_assert(sizeof arch_names / sizeof *arch_names == KN_ARCH_COUNT, "one nam
  * (and said so: see kn_model_config.ignored_configs). */
 static const struct {
     const char *model_type, *text_key;
-} wrappers[] = {{"gemma3", "text_config"}};
+} wrappers[] = {{"gemma3", "text_config"}, {"gemma4", "text_config"}};
 
 const char *kn_arch_name(kn_arch a) { return (unsigned)a < KN_ARCH_COUNT ? arch_names[a] : "?"; }
 
 const char *kn_supported_model_types(void) {
-    return "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gemma3 (its text model), qwen2_moe, "
-           "qwen3_moe, mixtral, olmo2, granite, starcoder2, glm4, smollm3";
+    return "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gemma3 (its text model), gemma4_text, "
+           "gemma4 (its text model), qwen2_moe, qwen3_moe, mixtral, olmo2, granite, starcoder2, glm4, smollm3";
 }
 
 /* ---- small typed getters: absent/null -> default; wrong type -> error ---- */
@@ -168,10 +168,11 @@ static int parse_rope_obj(cfg_ctx *c, json_t *root, json_t *rs, double theta_def
     else if (!strcmp(ts, "llama3")) r->type = KN_ROPE_LLAMA3;
     else if (!strcmp(ts, "yarn")) r->type = KN_ROPE_YARN;
     else if (!strcmp(ts, "longrope") || !strcmp(ts, "su")) r->type = KN_ROPE_LONGROPE;
+    else if (!strcmp(ts, "proportional")) r->type = KN_ROPE_PROPORTIONAL;
     else {
         c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
                           "%s: rope type \"%s\" is not supported (supported: default, linear, dynamic, llama3, "
-                          "yarn, longrope)", c->where, ts);
+                          "yarn, longrope, proportional)", c->where, ts);
         return -1;
     }
     if (get_num(c, rs, "factor", 1.0, &r->factor)) return -1;
@@ -216,7 +217,7 @@ static int parse_rope(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
      * type; published checkpoints write rope_theta + rope_scaling. */
     json_t *rs = object_or_null(root, "rope_parameters");
     if (!rs) rs = object_or_null(root, "rope_scaling");
-    if (cfg->arch != KN_ARCH_GEMMA3) return parse_rope_obj(c, root, rs, 10000.0, &cfg->rope);
+    if (cfg->arch != KN_ARCH_GEMMA3 && cfg->arch != KN_ARCH_GEMMA4) return parse_rope_obj(c, root, rs, 10000.0, &cfg->rope);
     cfg->has_local_rope = 1;
     if (rs && json_is_object(rs) && (json_object_get(rs, "full_attention") || json_object_get(rs, "sliding_attention"))) {
         json_t *full = object_or_null(rs, "full_attention"), *slide = object_or_null(rs, "sliding_attention");
@@ -268,9 +269,10 @@ static int parse_layer_windows(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     case KN_ARCH_STARCODER2:
     case KN_ARCH_PHI3: window_all = cfg->sliding_window > 0; break;
     case KN_ARCH_GEMMA2:
+    case KN_ARCH_GEMMA4:
     case KN_ARCH_GEMMA3: {
         /* transformers' default layer pattern: every `pattern`-th layer is global */
-        int pattern = 2;
+        int pattern = cfg->arch == KN_ARCH_GEMMA4 ? 6 : 2;
         if (cfg->arch == KN_ARCH_GEMMA3 && get_int(c, root, "sliding_window_pattern", 6, &pattern)) return -1;
         if (pattern <= 0) pattern = 1;
         for (int i = 0; i < cfg->n_layers; i++) cfg->layer_sliding[i] = cfg->sliding_window > 0 && (i + 1) % pattern != 0;
@@ -308,7 +310,8 @@ static int get_num_or_off(cfg_ctx *c, json_t *obj, const char *key, double def, 
 }
 
 static int parse_activation(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
-    int gemma = cfg->arch == KN_ARCH_GEMMA || cfg->arch == KN_ARCH_GEMMA2 || cfg->arch == KN_ARCH_GEMMA3;
+    int gemma = cfg->arch == KN_ARCH_GEMMA || cfg->arch == KN_ARCH_GEMMA2 || cfg->arch == KN_ARCH_GEMMA3 ||
+                cfg->arch == KN_ARCH_GEMMA4;
     const char *act = NULL;
     /* transformers 5.17: gemma2/3 read hidden_activation, gemma (1) reads hidden_act */
     if (gemma && cfg->arch != KN_ARCH_GEMMA) act = json_string_value(json_object_get(root, "hidden_activation"));
@@ -402,6 +405,64 @@ static int parse_rope_layers(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
 
 /* The per-family feature table: everything the shared decoder needs to know
  * beyond sizes, from model_type and the family's config keys. */
+/* MLX quantization block: {"group_size": G, "bits": B, ["mode": "affine"],
+ * "<module path>": {"group_size", "bits"} | false, ...}. Validated here so a
+ * bad block is reported before any tensor is read. */
+static int parse_quant_pair(cfg_ctx *c, json_t *q, const char *what, int *bits, int *gs) {
+    if (get_int(c, q, "bits", 0, bits) || get_int(c, q, "group_size", 64, gs)) return -1;
+    if (*bits == 3 || *bits == 5 || *bits == 6) {
+        c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
+                          "%s: %s: %d-bit MLX quantization packs codes across words and is not supported (2, 4, 8)",
+                          c->where, what, *bits);
+        return -1;
+    }
+    if ((*bits != 2 && *bits != 4 && *bits != 8) || (*gs != 32 && *gs != 64 && *gs != 128)) {
+        c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
+                          "%s: %s: bits %d / group_size %d (supported: bits 2, 4, 8; group_size 32, 64, 128)", c->where,
+                          what, *bits, *gs);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_quantization(cfg_ctx *c, json_t *root, json_t *outer, kn_model_config *cfg) {
+    json_t *q = NULL;
+    const char *keys[] = {"quantization", "quantization_config"};
+    for (int i = 0; i < 2 && !q; i++) {
+        q = json_object_get(root, keys[i]);
+        if (!q && outer != root) q = json_object_get(outer, keys[i]);
+        if (q && json_is_null(q)) q = NULL;
+    }
+    if (!q) return 0;
+    if (!json_is_object(q)) {
+        c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: \"quantization\" must be an object", c->where);
+        return -1;
+    }
+    json_t *method = json_object_get(q, "quant_method");
+    json_t *mode = json_object_get(q, "mode");
+    if ((method && !json_is_null(method)) || (mode && !(json_is_string(mode) && !strcmp(json_string_value(mode), "affine")))) {
+        const char *name = json_string_value(method ? method : mode);
+        c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
+                          "%s: quantization method \"%s\" is not supported (only MLX affine: bits/group_size)", c->where,
+                          name ? name : "?");
+        return -1;
+    }
+    if (parse_quant_pair(c, q, "quantization", &cfg->quant_bits, &cfg->quant_group_size)) return -1;
+    const char *key;
+    json_t *v;
+    json_object_foreach(q, key, v) {
+        if (json_is_false(v)) {
+            cfg->quant_n_overrides++;
+            continue;
+        }
+        if (!json_is_object(v)) continue; /* bits, group_size, mode */
+        int b, g;
+        if (parse_quant_pair(c, v, key, &b, &g)) return -1;
+        cfg->quant_n_overrides++;
+    }
+    return 0;
+}
+
 static int parse_family(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     const kn_arch a = cfg->arch;
     cfg->mlp_gated = 1;
@@ -433,6 +494,43 @@ static int parse_family(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
         if (a == KN_ARCH_GEMMA3) cfg->qk_norm_kind = KN_QK_NORM_HEAD;
         break;
     }
+    case KN_ARCH_GEMMA4:
+        cfg->embed_scale = (float)sqrt((double)cfg->hidden_size);
+        cfg->norm_layout = KN_NORMS_SANDWICH;
+        cfg->qk_norm_kind = KN_QK_NORM_HEAD;
+        cfg->v_norm = 1;
+        cfg->attn_scale = 1.0;
+        if (get_num_or_off(c, root, "final_logit_softcapping", 0.0, &cfg->final_softcap) ||
+            get_bool(c, root, "attention_k_eq_v", 0, &cfg->k_eq_v) ||
+            get_int(c, root, "num_kv_shared_layers", 0, &cfg->n_kv_shared_layers) ||
+            get_int(c, root, "hidden_size_per_layer_input", 256, &cfg->ple_dim) ||
+            get_int(c, root, "vocab_size_per_layer_input", 262144, &cfg->ple_vocab) ||
+            get_bool(c, root, "use_double_wide_mlp", 0, &cfg->double_wide_mlp) ||
+            get_bool(c, root, "enable_moe_block", 0, &cfg->moe_parallel))
+            return -1;
+        if (cfg->final_softcap < 0 || cfg->n_kv_shared_layers < 0 || cfg->n_kv_shared_layers >= cfg->n_layers ||
+            cfg->ple_dim < 0 || cfg->ple_dim > 4096 || (cfg->ple_dim && cfg->ple_vocab <= 0)) {
+            c->code = kn_fail(c->err, KN_ERR_FORMAT,
+                              "%s: gemma4 options out of range (final_logit_softcapping, num_kv_shared_layers %d, "
+                              "hidden_size_per_layer_input %d)", c->where, cfg->n_kv_shared_layers, cfg->ple_dim);
+            return -1;
+        }
+        if (cfg->moe_parallel) {
+            if (get_int(c, root, "num_experts", 0, &cfg->n_experts) ||
+                get_int(c, root, "top_k_experts", 0, &cfg->n_experts_per_tok) ||
+                get_int(c, root, "moe_intermediate_size", 0, &cfg->moe_intermediate_size))
+                return -1;
+            cfg->norm_topk_prob = 1;
+            if (cfg->n_experts < 1 || cfg->n_experts > KN_MOE_MAX_EXPERTS || cfg->n_experts_per_tok < 1 ||
+                cfg->n_experts_per_tok > cfg->n_experts || cfg->n_experts_per_tok > 64 || cfg->moe_intermediate_size <= 0) {
+                c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: MoE sizes out of range (num_experts %d, top_k_experts %d, "
+                                  "moe_intermediate_size %d)", c->where, cfg->n_experts, cfg->n_experts_per_tok,
+                                  cfg->moe_intermediate_size);
+                return -1;
+            }
+            for (int i = 0; i < cfg->n_layers; i++) cfg->layer_moe[i] = 1;
+        }
+        break;
     case KN_ARCH_QWEN3:
     case KN_ARCH_QWEN3_MOE: cfg->qk_norm_kind = KN_QK_NORM_HEAD; break;
     case KN_ARCH_OLMO2:
@@ -471,6 +569,47 @@ static int parse_family(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
         if (parse_moe(c, root, cfg)) return -1;
     }
     return parse_rope_layers(c, root, cfg);
+}
+
+/* Per-layer attention shapes: gemma4's global (full-attention) layers use
+ * global_head_dim and, with attention_k_eq_v, num_global_key_value_heads;
+ * transformers 5 may also write them as per_layer_config {index: {head_dim,
+ * num_key_value_heads}}. Every other family is uniform. */
+static int parse_layer_shapes(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
+    for (int i = 0; i < cfg->n_layers; i++)
+        cfg->layer_head_dim[i] = (uint16_t)cfg->head_dim, cfg->layer_kv_heads[i] = (uint16_t)cfg->n_kv_heads;
+    if (cfg->arch != KN_ARCH_GEMMA4) return 0;
+    cfg->layer_sliding[cfg->n_layers - 1] = 0; /* transformers forces the last layer global */
+    int ghd, gkv;
+    if (get_int(c, root, "global_head_dim", 512, &ghd) ||
+        get_int(c, root, "num_global_key_value_heads", cfg->n_kv_heads, &gkv))
+        return -1;
+    if (!cfg->k_eq_v) gkv = cfg->n_kv_heads;
+    for (int i = 0; i < cfg->n_layers; i++)
+        if (!cfg->layer_sliding[i]) cfg->layer_head_dim[i] = (uint16_t)(ghd > 0 && ghd <= 1024 ? ghd : 0), cfg->layer_kv_heads[i] = (uint16_t)(gkv > 0 && gkv <= 4096 ? gkv : 0);
+    json_t *plc = json_object_get(root, "per_layer_config");
+    if (plc && json_is_object(plc)) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(plc, key, v) {
+            char *end;
+            long i = strtol(key, &end, 10);
+            if (*end || i < 0 || i >= cfg->n_layers || !json_is_object(v)) continue; /* per-type entries: rope only */
+            int hd = cfg->layer_head_dim[i], kv = cfg->layer_kv_heads[i];
+            if (get_int(c, v, "head_dim", hd, &hd) || get_int(c, v, "num_key_value_heads", kv, &kv)) return -1;
+            cfg->layer_head_dim[i] = (uint16_t)(hd > 0 && hd <= 1024 ? hd : 0);
+            cfg->layer_kv_heads[i] = (uint16_t)(kv > 0 && kv <= 4096 ? kv : 0);
+        }
+    }
+    for (int i = 0; i < cfg->n_layers; i++) {
+        int hd = cfg->layer_head_dim[i], kv = cfg->layer_kv_heads[i];
+        if (hd <= 0 || hd % 2 || kv <= 0 || cfg->n_heads % kv) {
+            c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: layer %d has head_dim %d / %d kv heads (heads %d)", c->where, i,
+                              hd, kv, cfg->n_heads);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size_t gen_len,
@@ -516,7 +655,7 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
         }
         root = text;
         mt = json_string_value(json_object_get(root, "model_type"));
-        if (!mt) mt = "gemma3_text";
+        if (!mt) mt = !strcmp(cfg->wrapper_type, "gemma4") ? "gemma4_text" : "gemma3_text";
         break;
     }
     int found = 0;
@@ -530,7 +669,7 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
     const kn_arch A = cfg->arch;
-    const int gemma = A == KN_ARCH_GEMMA || A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3;
+    const int gemma = A == KN_ARCH_GEMMA || A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3 || A == KN_ARCH_GEMMA4;
     if (require_positive(&c, root, "vocab_size", &cfg->vocab_size) ||
         require_positive(&c, root, "hidden_size", &cfg->hidden_size) ||
         require_positive(&c, root, "intermediate_size", &cfg->intermediate_size) ||
@@ -549,7 +688,7 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
     if (get_bool(&c, root, "tie_word_embeddings", tie_default, &cfg->tie_word_embeddings)) goto fail;
     if (get_bool(&c, root, "attention_bias", A == KN_ARCH_QWEN2, &cfg->attention_bias)) goto fail;
     if (get_bool(&c, root, "mlp_bias", 0, &cfg->mlp_bias)) goto fail;
-    if (get_int(&c, root, "sliding_window", A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3 ? 4096 : 0,
+    if (get_int(&c, root, "sliding_window", A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3 ? 4096 : A == KN_ARCH_GEMMA4 ? 512 : 0,
                 &cfg->sliding_window))
         goto fail;
     if (cfg->sliding_window < 0) cfg->sliding_window = 0;
@@ -590,7 +729,8 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
                      cfg->rope.partial_rotary_factor, rot, cfg->head_dim);
         goto done;
     }
-    if (parse_layer_windows(&c, root, cfg)) goto fail;
+    if (parse_layer_windows(&c, root, cfg) || parse_layer_shapes(&c, root, cfg)) goto fail;
+    if (parse_quantization(&c, root, outer, cfg)) goto fail;
     const char *td = json_string_value(json_object_get(root, "torch_dtype"));
     if (!td) td = json_string_value(json_object_get(root, "dtype"));
     if (!td) td = json_string_value(json_object_get(outer, "torch_dtype"));

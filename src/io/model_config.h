@@ -30,6 +30,7 @@ typedef enum {
     KN_ARCH_STARCODER2,
     KN_ARCH_GLM4,
     KN_ARCH_SMOLLM3,
+    KN_ARCH_GEMMA4, /* gemma4_text (and the text model inside a gemma4 checkpoint) */
     KN_ARCH_COUNT
 } kn_arch;
 
@@ -40,6 +41,7 @@ typedef enum {
     KN_ROPE_LLAMA3,
     KN_ROPE_YARN,
     KN_ROPE_LONGROPE,
+    KN_ROPE_PROPORTIONAL, /* gemma4: the first partial_rotary_factor of the head's frequencies, the rest 0 */
 } kn_rope_type;
 
 #define KN_MAX_LAYERS 512
@@ -107,10 +109,24 @@ typedef struct {
     int n_experts, n_experts_per_tok, moe_intermediate_size, norm_topk_prob;
     int shared_expert_intermediate_size; /* qwen2_moe; 0 = none */
     uint8_t layer_moe[KN_MAX_LAYERS];
+    /* per-layer attention shape (gemma4's global layers differ); equal to
+     * head_dim / n_kv_heads elsewhere */
+    uint16_t layer_head_dim[KN_MAX_LAYERS], layer_kv_heads[KN_MAX_LAYERS];
+    /* gemma4 */
+    int k_eq_v;               /* global layers: values are the key projection (v_proj absent) */
+    int v_norm;               /* RMSNorm without weight on values */
+    int n_kv_shared_layers;   /* the last n layers reuse the K/V of the last earlier layer of their type */
+    int ple_dim, ple_vocab;   /* per-layer input embeddings (hidden_size_per_layer_input); 0 = none */
+    int double_wide_mlp;      /* KV-shared layers have a 2x intermediate MLP */
+    int moe_parallel;         /* MoE block beside the dense MLP (enable_moe_block) */
     /* multimodal wrapper (model_type gemma3 with text_config): what was used / ignored */
     char wrapper_type[32];
     char ignored_configs[128];
     char torch_dtype[16];
+    /* MLX affine weight quantization ("quantization" / "quantization_config"):
+     * default bits and group size (0 = not quantized) and the number of
+     * per-module overrides; tensors' own shapes give each module's values. */
+    int quant_bits, quant_group_size, quant_n_overrides;
     /* generation_config.json */
     int bos_token_id; /* -1 = none */
     int n_eos;

@@ -1,5 +1,5 @@
 /* llama.c — the shared decoder of every dense and MoE family kiln runs
- * (llama, mistral, qwen2/3, phi3, gemma/2/3, olmo2, granite, starcoder2,
+ * (llama, mistral, qwen2/3, phi3, gemma/2/3/4, olmo2, granite, starcoder2,
  * glm4, smollm3, and the attention half of qwen2_moe/qwen3_moe/mixtral):
  * weight loading from HF tensor names and the batched forward pass.
  *
@@ -15,7 +15,10 @@
  * attention scale and soft-capping, per-layer windows, per-layer RoPE tables
  * (gemma3 local/global, smollm3 NoPE), GLM's interleaved RoPE (rows permuted
  * at load), fused or separate projections, optional biases (present tensors
- * decide). Expert layers live in moe.c. */
+ * decide). gemma4 adds per-layer attention shapes (KV pool viewed per layer),
+ * keys-as-values and value norms, KV-shared layers (attend to an earlier
+ * layer's cache, write none), per-layer input embeddings and layer scalars.
+ * Expert layers live in moe.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,29 +65,35 @@ static kn_code load_norm(kn_model *m, const kn_tensor_source *src, int l, const 
 static kn_code load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_error *err) {
     const kn_model_config *c = &m->cfg;
     kn_layer *L = &m->layers[l];
-    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    const int64_t H = c->hidden_size, I = L->inter;
     const float off = (float)c->norm_weight_offset;
-    ld_qk_perm perm = {c->n_heads, c->n_kv_heads, c->head_dim, c->rope_interleaved ? m->rope.rot_dim : 0};
+    const int shared = L->kv_source != l, global_kv = c->k_eq_v && !c->layer_sliding[l];
+    ld_qk_perm perm = {c->n_heads, L->n_kv_heads, L->head_dim, c->rope_interleaved ? m->rope.rot_dim : 0};
     kn_code rc;
     if (c->fused_qkv) {
-        ld_part qkv[] = {{"model.layers.%d.self_attn.qkv_proj.weight", m->qkv_dim}};
-        ld_part qkvb[] = {{"model.layers.%d.self_attn.qkv_proj.bias", m->qkv_dim}};
+        ld_part qkv[] = {{"model.layers.%d.self_attn.qkv_proj.weight", L->qkv_stride}};
+        ld_part qkvb[] = {{"model.layers.%d.self_attn.qkv_proj.bias", L->qkv_stride}};
         if ((rc = ld_load_fused(m, src, l, qkv, 1, H, &perm, &L->qkv, err))) return rc;
         if ((rc = ld_load_fused_bias(m, src, l, qkvb, 1, &perm, &L->qkv_bias, err))) return rc;
     } else {
-        ld_part qkv[] = {{"model.layers.%d.self_attn.q_proj.weight", m->q_dim},
-                         {"model.layers.%d.self_attn.k_proj.weight", m->kv_dim},
-                         {"model.layers.%d.self_attn.v_proj.weight", m->kv_dim}};
-        ld_part qkvb[] = {{"model.layers.%d.self_attn.q_proj.bias", m->q_dim},
-                          {"model.layers.%d.self_attn.k_proj.bias", m->kv_dim},
-                          {"model.layers.%d.self_attn.v_proj.bias", m->kv_dim}};
-        if ((rc = ld_load_fused(m, src, l, qkv, 3, H, &perm, &L->qkv, err))) return rc;
-        if ((rc = ld_load_fused_bias(m, src, l, qkvb, 3, &perm, &L->qkv_bias, err))) return rc;
+        /* keys = values (gemma4 global layers): the key rows twice, so the
+         * value slot holds the same projection; a KV-shared layer has only q */
+        const char *vfmt = global_kv ? "model.layers.%d.self_attn.k_proj.weight" : "model.layers.%d.self_attn.v_proj.weight";
+        const char *vbfmt = global_kv ? "model.layers.%d.self_attn.k_proj.bias" : "model.layers.%d.self_attn.v_proj.bias";
+        ld_part qkv[] = {{"model.layers.%d.self_attn.q_proj.weight", L->q_dim},
+                         {"model.layers.%d.self_attn.k_proj.weight", L->kv_dim},
+                         {vfmt, L->kv_dim}};
+        ld_part qkvb[] = {{"model.layers.%d.self_attn.q_proj.bias", L->q_dim},
+                          {"model.layers.%d.self_attn.k_proj.bias", L->kv_dim},
+                          {vbfmt, L->kv_dim}};
+        int parts = shared ? 1 : 3;
+        if ((rc = ld_load_fused(m, src, l, qkv, parts, H, shared ? NULL : &perm, &L->qkv, err))) return rc;
+        if ((rc = ld_load_fused_bias(m, src, l, qkvb, parts, shared ? NULL : &perm, &L->qkv_bias, err))) return rc;
     }
     ld_part o[] = {{"model.layers.%d.self_attn.o_proj.weight", H}};
-    if ((rc = ld_load_fused(m, src, l, o, 1, m->q_dim, NULL, &L->o, err))) return rc;
+    if ((rc = ld_load_fused(m, src, l, o, 1, L->q_dim, NULL, &L->o, err))) return rc;
     if ((rc = ld_load_vec(m, src, "model.layers.%d.self_attn.o_proj.bias", l, H, 0, 0.0f, &L->o_bias, err))) return rc;
-    if (c->layer_moe[l] && c->n_experts > 0) {
+    if (c->layer_moe[l] && c->n_experts > 0 && !c->moe_parallel) {
         if ((rc = kn_moe_load_layer(m, src, l, err))) return rc;
     } else if (!c->mlp_gated) {
         ld_part up[] = {{"model.layers.%d.mlp.c_fc.weight", I}};
@@ -118,11 +127,63 @@ static kn_code load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_er
         return rc;
     if (c->qk_norm_kind != KN_QK_NORM_NONE) {
         int full = c->qk_norm_kind == KN_QK_NORM_FULL;
-        int64_t qn = full ? m->q_dim : c->head_dim, kn = full ? m->kv_dim : c->head_dim;
+        int64_t qn = full ? L->q_dim : L->head_dim, kn = full ? L->kv_dim : L->head_dim;
         if ((rc = ld_load_vec(m, src, "model.layers.%d.self_attn.q_norm.weight", l, qn, 1, off, &L->q_norm, err)))
             return rc;
-        if ((rc = ld_load_vec(m, src, "model.layers.%d.self_attn.k_norm.weight", l, kn, 1, off, &L->k_norm, err)))
+        if (!shared &&
+            (rc = ld_load_vec(m, src, "model.layers.%d.self_attn.k_norm.weight", l, kn, 1, off, &L->k_norm, err)))
             return rc;
+    }
+    if (c->moe_parallel && (rc = kn_moe_load_layer(m, src, l, err))) return rc;
+    L->layer_scalar = 1.0f;
+    if (c->arch == KN_ARCH_GEMMA4) {
+        int found;
+        if ((rc = ld_read_vec(src, "model.layers.%d.layer_scalar", l, 1, 0, &L->layer_scalar, &found, err))) return rc;
+    }
+    if (c->ple_dim) {
+        const int64_t P = c->ple_dim;
+        ld_part g[] = {{"model.layers.%d.per_layer_input_gate.weight", P}};
+        ld_part pr[] = {{"model.layers.%d.per_layer_projection.weight", H}};
+        if ((rc = ld_load_fused(m, src, l, g, 1, H, NULL, &L->ple_gate, err)) ||
+            (rc = ld_load_fused(m, src, l, pr, 1, P, NULL, &L->ple_proj, err)) ||
+            (rc = ld_load_vec(m, src, "model.layers.%d.post_per_layer_input_norm.weight", l, H, 1, off, &L->ple_norm,
+                              err)))
+            return rc;
+    }
+    return KN_OK;
+}
+
+/* Per-layer shapes and KV sources (gemma4: global layers are wider; the last
+ * n_kv_shared_layers attend to the K/V of the last earlier layer of their
+ * type). Fills L->head_dim ... and the model's maxima for scratch sizing. */
+static kn_code plan_layers(kn_model *m, kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    const int first_shared = c->n_layers - c->n_kv_shared_layers;
+    m->q_dim = m->kv_dim = m->qkv_dim = 0;
+    m->ffn_max = c->shared_expert_intermediate_size;
+    for (int l = 0; l < c->n_layers; l++) {
+        kn_layer *L = &m->layers[l];
+        L->head_dim = c->layer_head_dim[l];
+        L->n_kv_heads = c->layer_kv_heads[l];
+        L->q_dim = c->n_heads * L->head_dim;
+        L->kv_dim = L->n_kv_heads * L->head_dim;
+        L->kv_source = l;
+        if (c->n_kv_shared_layers > 0 && l >= first_shared) {
+            L->kv_source = -1;
+            for (int j = first_shared - 1; j >= 0; j--)
+                if (c->layer_sliding[j] == c->layer_sliding[l]) { L->kv_source = j; break; }
+            if (L->kv_source < 0)
+                return kn_fail(err, KN_ERR_FORMAT, "layer %d shares K/V but no earlier layer has its attention type", l);
+            if (c->layer_head_dim[L->kv_source] != L->head_dim || c->layer_kv_heads[L->kv_source] != L->n_kv_heads)
+                return kn_fail(err, KN_ERR_FORMAT, "layer %d shares K/V with layer %d of another shape", l, L->kv_source);
+        }
+        L->qkv_stride = L->kv_source == l ? L->q_dim + 2 * L->kv_dim : L->q_dim;
+        L->inter = c->intermediate_size * (c->double_wide_mlp && L->kv_source != l ? 2 : 1);
+        if (L->q_dim > m->q_dim) m->q_dim = L->q_dim;
+        if (L->kv_dim > m->kv_dim) m->kv_dim = L->kv_dim;
+        if (L->qkv_stride > m->qkv_dim) m->qkv_dim = L->qkv_stride;
+        if (L->inter > m->ffn_max) m->ffn_max = L->inter;
+        if (L->head_dim > m->max_head_dim) m->max_head_dim = L->head_dim;
     }
     return KN_OK;
 }
@@ -135,9 +196,10 @@ static void free_model_memory(kn_model *m) {
             kn_be_weight_free(be, &L->qkv), kn_be_weight_free(be, &L->o);
             kn_be_weight_free(be, &L->gate_up), kn_be_weight_free(be, &L->down);
             kn_moe_free_layer(m, L);
+            kn_be_weight_free(be, &L->ple_gate), kn_be_weight_free(be, &L->ple_proj);
             float *vecs[] = {L->qkv_bias,  L->o_bias,      L->gate_up_bias,   L->down_bias,     L->attn_norm,
                              L->mlp_norm,  L->q_norm,      L->k_norm,         L->attn_norm_b,   L->mlp_norm_b,
-                             L->post_attn_norm, L->post_mlp_norm};
+                             L->post_attn_norm, L->post_mlp_norm, L->ple_norm};
             for (size_t i = 0; i < sizeof vecs / sizeof *vecs; i++) kn_be_free(be, vecs[i]);
         }
         free(m->layers);
@@ -146,6 +208,10 @@ static void free_model_memory(kn_model *m) {
     kn_be_weight_free(be, &m->embed);
     kn_be_free(be, m->final_norm);
     kn_be_free(be, m->final_norm_b);
+    kn_be_weight_free(be, &m->ple_embed), kn_be_weight_free(be, &m->ple_model_proj);
+    float *g4[] = {m->ple_proj_norm, m->ple, m->ple_tmp, m->ple_g, m->ones};
+    for (size_t i = 0; i < sizeof g4 / sizeof *g4; i++) kn_be_free(be, g4[i]);
+    free(m->kvl);
     kn_be_free(be, (void *)m->rope.inv_freq);
     kn_be_free(be, (void *)m->rope_local.inv_freq);
     float *scratch[] = {m->x,      m->xn,      m->qkv,         m->attn,   m->gu,          m->act,   m->tmp,
@@ -165,11 +231,14 @@ void kn_model_free_internal(kn_model *m) {
     free(m);
 }
 
-/* inv_freq of rope config r (a copy of the model config with r as its rope) in backend memory */
-static kn_code build_rope(kn_model *m, const kn_rope_config *r, kn_rope_table *out, kn_error *err) {
+/* inv_freq of rope config r for heads of head_dim (a copy of the model
+ * config with r as its rope) in backend memory */
+static kn_code build_rope(kn_model *m, const kn_rope_config *r, int head_dim, kn_rope_table *out, kn_error *err) {
     kn_model_config tmp = m->cfg;
     tmp.rope = *r;
-    int rot = (int)(tmp.head_dim * r->partial_rotary_factor);
+    tmp.head_dim = head_dim;
+    /* proportional RoPE spans the whole head (its tail frequencies are 0) */
+    int rot = r->type == KN_ROPE_PROPORTIONAL ? head_dim : (int)(head_dim * r->partial_rotary_factor);
     float inv_freq[512];
     kn_code rc = kn_rope_frequencies(&tmp, rot, inv_freq, &out->attn_scale, err);
     if (rc) return rc;
@@ -187,7 +256,7 @@ static kn_code build_rope(kn_model *m, const kn_rope_config *r, kn_rope_table *o
  * Fewer blocks than one full-context sequence is an error naming the
  * numbers, never an out-of-memory crash later; requests beyond the pool are
  * refused by kn_kv_seq_reserve. */
-static kn_code plan_kv_blocks(kn_model *m, int64_t *blocks, kn_error *err) {
+static kn_code plan_kv_blocks(kn_model *m, int64_t slot_floats, int64_t *blocks, kn_error *err) {
     kn_backend *be = m->be;
     if (!be->vt->memory_info) return KN_OK;
     size_t free_b = 0, total_b = 0;
@@ -197,7 +266,7 @@ static kn_code plan_kv_blocks(kn_model *m, int64_t *blocks, kn_error *err) {
     const double used = (double)(total_b - free_b), budget = frac * (double)total_b - used;
     const double reserve = 256.0 * (1 << 20); /* cuBLAS workspace, attention scratch, graphs */
     const kn_model_config *c = &m->cfg;
-    const double per_block = 2.0 * c->n_layers * (double)KN_KV_BLOCK_SIZE * c->n_kv_heads * c->head_dim * sizeof(float);
+    const double per_block = 2.0 * c->n_layers * (double)KN_KV_BLOCK_SIZE * (double)slot_floats * sizeof(float);
     const int64_t fit = budget > reserve ? (int64_t)((budget - reserve) / per_block) : 0;
     if (fit < m->max_blocks)
         return kn_fail(err, KN_ERR_NOMEM,
@@ -220,35 +289,38 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
     m->cfg = *cfg;
     m->be = be;
     const kn_model_config *c = &m->cfg;
-    m->q_dim = c->n_heads * c->head_dim;
-    m->kv_dim = c->n_kv_heads * c->head_dim;
-    m->qkv_dim = m->q_dim + 2 * m->kv_dim;
     m->max_context = max_context;
     m->max_seqs = max_seqs;
     m->max_chunk = MAX_CHUNK;
     /* a decode step of every sequence fits one logits chunk */
     m->logits_rows = max_seqs > MAX_LOGIT_ROWS ? (max_seqs < MAX_CHUNK ? max_seqs : MAX_CHUNK) : MAX_LOGIT_ROWS;
-    m->ffn_max = c->intermediate_size > c->shared_expert_intermediate_size ? c->intermediate_size
-                                                                            : c->shared_expert_intermediate_size;
     kn_code rc = KN_OK;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    if (!m->layers) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto fail; }
+    m->kvl = calloc((size_t)c->n_layers, sizeof *m->kvl);
+    if (!m->layers || !m->kvl) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto fail; }
+    if ((rc = plan_layers(m, err))) goto fail;
+    if (c->ple_dim && c->ple_vocab < c->vocab_size) {
+        rc = kn_fail(err, KN_ERR_UNSUPPORTED, "vocab_size_per_layer_input %d is smaller than vocab_size %d", c->ple_vocab,
+                     c->vocab_size);
+        goto fail;
+    }
     if (c->n_experts > 0 && (!be->vt->moe_ffn || !be->vt->moe_route)) {
         rc = kn_fail(err, KN_ERR_UNSUPPORTED, "the %s backend has no mixture-of-experts ops", be->vt->name);
         goto fail;
     }
 
     /* rope first: GLM's interleaved rotary permutes q/k rows by rot_dim at load */
-    if ((rc = build_rope(m, &c->rope, &m->rope, err))) goto fail;
-    if (c->has_local_rope && (rc = build_rope(m, &c->rope_local, &m->rope_local, err))) goto fail;
+    {
+        int hd_global = c->head_dim, hd_local = c->head_dim; /* head dims of global / sliding layers */
+        for (int l = 0; l < c->n_layers; l++) *(c->layer_sliding[l] ? &hd_local : &hd_global) = c->layer_head_dim[l];
+        if ((rc = build_rope(m, &c->rope, hd_global, &m->rope, err))) goto fail;
+        if (c->has_local_rope && (rc = build_rope(m, &c->rope_local, hd_local, &m->rope_local, err))) goto fail;
+    }
 
-    const kn_st_tensor *emb = src->find(src->ctx, "model.embed_tokens.weight");
-    if (!emb) { rc = kn_fail(err, KN_ERR_FORMAT, "checkpoint is missing tensor model.embed_tokens.weight"); goto fail; }
-    if ((rc = ld_check_float(emb, "model.embed_tokens.weight", err)) ||
-        (rc = ld_check_shape(emb, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, err)) ||
-        (rc = kn_be_weight_load(be, emb->dtype, c->vocab_size, c->hidden_size, emb->data, src->outlives_model,
-                                &m->embed, err)))
-        goto fail;
+    /* plain or MLX-quantized (embed_tokens.scales/.biases); a tied head then
+     * multiplies by the quantized table too */
+    ld_part ep[] = {{"model.embed_tokens.weight", c->vocab_size}};
+    if ((rc = ld_load_fused(m, src, 0, ep, 1, c->hidden_size, NULL, &m->embed, err))) goto fail;
     const kn_st_tensor *head = src->find(src->ctx, "lm_head.weight");
     if (head && !c->tie_word_embeddings) {
         ld_part hp[] = {{"lm_head.weight", c->vocab_size}};
@@ -267,6 +339,19 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
         goto fail;
     for (int l = 0; l < c->n_layers; l++)
         if ((rc = load_layer(m, src, l, err))) goto fail;
+    if (c->ple_dim) { /* gemma4 per-layer input embeddings */
+        const int64_t LP = (int64_t)c->n_layers * c->ple_dim;
+        const kn_st_tensor *pe = src->find(src->ctx, "model.embed_tokens_per_layer.weight");
+        ld_part pp[] = {{"model.per_layer_model_projection.weight", LP}};
+        if (!pe) { rc = kn_fail(err, KN_ERR_FORMAT, "checkpoint is missing tensor model.embed_tokens_per_layer.weight"); goto fail; }
+        if ((rc = ld_check_float(pe, "model.embed_tokens_per_layer.weight", err)) ||
+            (rc = ld_check_shape(pe, "model.embed_tokens_per_layer.weight", c->ple_vocab, LP, err)) ||
+            (rc = kn_be_weight_load(be, pe->dtype, c->ple_vocab, LP, pe->data, src->outlives_model, &m->ple_embed, err)) ||
+            (rc = ld_load_fused(m, src, 0, pp, 1, c->hidden_size, NULL, &m->ple_model_proj, err)) ||
+            (rc = ld_load_vec(m, src, "model.per_layer_projection_norm.weight", 0, c->ple_dim, 1,
+                              (float)c->norm_weight_offset, &m->ple_proj_norm, err)))
+            goto fail;
+    }
 
     /* scratch */
     const size_t T = (size_t)m->max_chunk, F = sizeof(float);
@@ -284,6 +369,17 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
     m->d_bt = kn_be_alloc(be, (size_t)max_seqs * (size_t)m->max_blocks * 4);
     m->h_bt = malloc((size_t)max_seqs * (size_t)m->max_blocks * 4);
     int moe_ok = 1;
+    if (c->ple_dim) {
+        const size_t LP = (size_t)c->n_layers * (size_t)c->ple_dim;
+        m->ple = kn_be_alloc(be, T * LP * F), m->ple_tmp = kn_be_alloc(be, T * LP * F);
+        m->ple_g = kn_be_alloc(be, T * (size_t)c->ple_dim * F);
+        moe_ok = m->ple && m->ple_tmp && m->ple_g;
+    }
+    if (c->v_norm) {
+        float ones[1024];
+        for (int i = 0; i < 1024; i++) ones[i] = 1.0f;
+        if ((rc = ld_upload_vec(m, ones, m->max_head_dim, &m->ones, err))) goto fail;
+    }
     if (c->n_experts > 0) {
         const size_t k = (size_t)c->n_experts_per_tok;
         m->router_logits = kn_be_alloc(be, T * (size_t)c->n_experts * F);
@@ -293,21 +389,37 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
                                                               c->n_experts_per_tok) * F);
         m->tmp2 = kn_be_alloc(be, T * (size_t)c->hidden_size * F);
         m->shared_g = kn_be_alloc(be, T * F);
-        moe_ok = m->router_logits && m->route_w && m->route_idx && m->moe_scratch && m->tmp2 && m->shared_g;
+        moe_ok = moe_ok && m->router_logits && m->route_w && m->route_idx && m->moe_scratch && m->tmp2 && m->shared_g;
     }
     if (!m->x || !m->xn || !m->tmp || !m->qkv || !m->attn || !m->gu || !m->act || !m->logits || !m->d_tokens ||
         !m->d_pos || !m->d_seq || !m->d_slots || !m->d_rows || !m->d_argmax || !m->d_bt || !m->h_bt || !moe_ok) {
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for activations");
         goto fail;
     }
-    int64_t kv_blocks = (int64_t)m->max_blocks * max_seqs;
-    if ((rc = plan_kv_blocks(m, &kv_blocks, err))) goto fail;
-    if ((rc = kn_kv_pool_create(be, c->n_layers, c->n_kv_heads, c->head_dim, KN_KV_BLOCK_SIZE, kv_blocks, &m->kv,
-                                err)))
-        goto fail;
+    {
+        /* uniform layers: the pool's shape; otherwise slots as wide as the widest layer, viewed per layer */
+        int uniform = 1;
+        for (int l = 0; l < c->n_layers; l++) uniform &= m->layers[l].kv_dim == c->n_kv_heads * c->head_dim;
+        const int pool_heads = uniform ? c->n_kv_heads : 1, pool_dim = uniform ? c->head_dim : m->kv_dim;
+        int64_t kv_blocks = (int64_t)m->max_blocks * max_seqs;
+        if ((rc = plan_kv_blocks(m, (int64_t)pool_heads * pool_dim, &kv_blocks, err))) goto fail;
+        if ((rc = kn_kv_pool_create(be, c->n_layers, pool_heads, pool_dim, KN_KV_BLOCK_SIZE, kv_blocks, &m->kv, err)))
+            goto fail;
+        for (int l = 0; l < c->n_layers; l++) {
+            m->kvl[l] = m->kv->layers[l];
+            m->kvl[l].n_kv_heads = m->layers[l].n_kv_heads;
+            m->kvl[l].head_dim = m->layers[l].head_dim;
+        }
+    }
+    char wdesc[48];
+    if (m->embed.bits || m->layers[0].qkv.bits) {
+        const kn_weight *qw = m->layers[0].qkv.bits ? &m->layers[0].qkv : &m->embed;
+        snprintf(wdesc, sizeof wdesc, "%d-bit g%d MLX-quantized", qw->bits, qw->group_size);
+    } else
+        snprintf(wdesc, sizeof wdesc, "%s", kn_dtype_name(m->embed.dtype));
     int n = snprintf(m->desc, sizeof m->desc, "%s: %d layers, hidden %d, heads %d/%d x %d, ffn %d, vocab %d, %s weights",
                      c->model_type, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads, c->head_dim,
-                     c->intermediate_size, c->vocab_size, kn_dtype_name(m->embed.dtype));
+                     c->intermediate_size, c->vocab_size, wdesc);
     if (c->n_experts > 0 && n > 0 && (size_t)n < sizeof m->desc)
         snprintf(m->desc + n, sizeof m->desc - (size_t)n, ", %d experts (top %d, ffn %d)%s", c->n_experts,
                  c->n_experts_per_tok, c->moe_intermediate_size, c->shared_expert_intermediate_size ? " + shared" : "");
@@ -318,7 +430,7 @@ fail:
     return rc;
 }
 
-static int64_t wbytes(const kn_weight *w) { return w->data ? w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype) : 0; }
+static int64_t wbytes(const kn_weight *w) { return kn_weight_bytes(w); }
 
 int64_t kn_model_weight_bytes(const kn_model *m) {
     int64_t b = 0;
@@ -326,6 +438,7 @@ int64_t kn_model_weight_bytes(const kn_model *m) {
         const kn_layer *L = &m->layers[l];
         b += wbytes(&L->qkv) + wbytes(&L->o);
         b += L->is_moe ? kn_moe_active_bytes(m, L) : wbytes(&L->gate_up) + wbytes(&L->down);
+        b += wbytes(&L->ple_gate) + wbytes(&L->ple_proj);
     }
     b += wbytes(&m->lm_head);
     return b;
@@ -362,22 +475,28 @@ static void project_residual(kn_model *m, const float *in, int n, const kn_weigh
     residual_add(m, m->tmp, post_norm, n);
 }
 
-/* feed-forward of xn[n, H], added to the residual stream x */
-static void mlp(kn_model *m, const kn_layer *L, const float *xn, int n) {
+/* feed-forward of xn[n, H] into out[n, H]; with may_fuse (nothing between
+ * it and a plain residual add) the down projection adds into x directly where
+ * the backend fuses that, and 1 is returned */
+static int mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *out, int may_fuse) {
     const kn_model_config *c = &m->cfg;
     kn_backend *be = m->be;
     const kn_backend_vtbl *op = be->vt;
-    const int I = c->intermediate_size;
-    if (L->is_moe) {
-        kn_moe_forward(m, L, xn, n, m->tmp);
-        residual_add(m, m->tmp, L->post_mlp_norm, n);
-        return;
+    const int I = L->inter;
+    if (L->is_moe && !c->moe_parallel) {
+        kn_moe_forward(m, L, xn, n, out);
+        return 0;
     }
     op->matmul(be, xn, n, &L->gate_up, L->gate_up_bias, m->gu);
     if (!c->mlp_gated) op->gelu(be, m->gu, (int64_t)n * I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
     else if (c->act == KN_ACT_SILU) op->swiglu(be, m->gu, n, I, m->act);
     else op->geglu(be, m->gu, n, I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
-    project_residual(m, m->act, n, &L->down, L->down_bias, L->post_mlp_norm);
+    if (may_fuse && op->matmul_add) {
+        op->matmul_add(be, m->act, n, &L->down, L->down_bias, m->x);
+        return 1;
+    }
+    op->matmul(be, m->act, n, &L->down, L->down_bias, out);
+    return 0;
 }
 
 /* Enqueue the whole forward of batch b (index arrays already uploaded);
@@ -385,13 +504,25 @@ static void mlp(kn_model *m, const kn_layer *L, const float *xn, int n) {
 static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) {
     const kn_model_config *c = &m->cfg;
     kn_backend *be = m->be;
-    const int n = b->n_tokens, H = c->hidden_size, hd = c->head_dim;
+    const int n = b->n_tokens, H = c->hidden_size;
     const kn_backend_vtbl *op = be->vt;
     const float eps = (float)c->rms_norm_eps;
     op->embed(be, &m->embed, m->d_tokens, n, m->x);
     if (c->embed_scale != 1.0) op->scale(be, m->x, (int64_t)n * H, (float)c->embed_scale);
+    const int P = c->ple_dim, LP = c->n_layers * c->ple_dim;
+    if (P) {
+        /* gemma4 per-layer inputs [n, L*P]: (norm(x W_p^T / sqrt(H)) + table[id] * sqrt(P)) / sqrt(2) */
+        op->embed(be, &m->ple_embed, m->d_tokens, n, m->ple);
+        op->scale(be, m->ple, (int64_t)n * LP, (float)sqrt((double)P));
+        op->matmul(be, m->x, n, &m->ple_model_proj, NULL, m->ple_tmp);
+        op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow((double)H, -0.5));
+        op->rms_norm(be, m->ple_tmp, LP, m->ple_tmp, LP, n, c->n_layers, P, m->ple_proj_norm, eps);
+        op->add(be, m->ple_tmp, m->ple, (int64_t)n * LP);
+        op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow(2.0, -0.5));
+    }
     for (int l = 0; l < c->n_layers; l++) {
         const kn_layer *L = &m->layers[l];
+        const int hd = L->head_dim, qs = L->qkv_stride, shared = L->kv_source != l;
         /* attention */
         const float *in = m->x;
         if (L->attn_norm) {
@@ -399,26 +530,31 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
             in = m->xn;
         }
         op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
-        float *q = m->qkv, *k = m->qkv + m->q_dim, *v = k + m->kv_dim;
+        float *q = m->qkv, *k = m->qkv + L->q_dim, *v = k + L->kv_dim;
         if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
-            op->rms_norm(be, q, m->qkv_dim, q, m->qkv_dim, n, c->n_heads, hd, L->q_norm, eps);
-            op->rms_norm(be, k, m->qkv_dim, k, m->qkv_dim, n, c->n_kv_heads, hd, L->k_norm, eps);
+            op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
+            if (!shared) op->rms_norm(be, k, qs, k, qs, n, L->n_kv_heads, hd, L->k_norm, eps);
         } else if (c->qk_norm_kind == KN_QK_NORM_FULL) {
-            op->rms_norm(be, q, m->qkv_dim, q, m->qkv_dim, n, 1, m->q_dim, L->q_norm, eps);
-            op->rms_norm(be, k, m->qkv_dim, k, m->qkv_dim, n, 1, m->kv_dim, L->k_norm, eps);
+            op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
+            op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
         }
+        if (c->v_norm && !shared) op->rms_norm(be, v, qs, v, qs, n, L->n_kv_heads, hd, m->ones, eps);
         if (c->layer_rope[l]) {
             const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
-            /* k's heads follow q's in the fused qkv row: one pass rotates both */
-            op->rope(be, q, m->qkv_dim, n, c->n_heads + c->n_kv_heads, hd, m->d_pos, rt);
+            if (!shared && L->q_dim == c->n_heads * hd) /* k's heads follow q's: one pass rotates both */
+                op->rope(be, q, qs, n, c->n_heads + L->n_kv_heads, hd, m->d_pos, rt);
+            else {
+                op->rope(be, q, qs, n, c->n_heads, hd, m->d_pos, rt);
+                if (!shared) op->rope(be, k, qs, n, L->n_kv_heads, hd, m->d_pos, rt);
+            }
         }
-        op->kv_write(be, &m->kv->layers[l], k, v, m->qkv_dim, n, m->d_slots);
+        if (!shared) op->kv_write(be, &m->kvl[l], k, v, qs, n, m->d_slots);
         kn_attention_args a = {
-            .q = q, .q_stride = m->qkv_dim, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
+            .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
             .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
             .pos = m->d_pos, .seq = m->d_seq, .block_tables = m->d_bt, .max_blocks = m->max_blocks,
-            .kv = &m->kv->layers[l], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
-            .compute_dtype = L->qkv.dtype,
+            .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
+            .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
         };
         op->attention(be, &a);
         project_residual(m, m->attn, n, &L->o, L->o_bias, L->post_attn_norm);
@@ -428,7 +564,25 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
             norm_rows(m, m->x, m->xn, n, L->mlp_norm, L->mlp_norm_b);
             in = m->xn;
         }
-        mlp(m, L, in, n);
+        const int may_fuse = !L->post_mlp_norm && c->residual_scale == 1.0 && !(L->is_moe && c->moe_parallel);
+        if (!mlp(m, L, in, n, m->tmp, may_fuse)) {
+            if (L->is_moe && c->moe_parallel) { /* gemma4: MoE block beside the dense MLP, both on the residual */
+                norm_rows(m, m->tmp, m->tmp, n, L->moe_post_norm1, NULL);
+                kn_moe_gemma4_forward(m, L, m->x, n, m->xn, m->tmp2);
+                norm_rows(m, m->tmp2, m->tmp2, n, L->moe_post_norm2, NULL);
+                op->add(be, m->tmp, m->tmp2, (int64_t)n * H);
+            }
+            residual_add(m, m->tmp, L->post_mlp_norm, n);
+        }
+        if (P) { /* gemma4: x += norm(proj(act(gate(x)) * per_layer_input[l])) */
+            op->matmul(be, m->x, n, &L->ple_gate, NULL, m->ple_g);
+            op->gelu(be, m->ple_g, (int64_t)n * P, m->ple_g, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
+            op->mul_rows(be, m->ple_g, m->ple_tmp + (size_t)l * P, LP, n, P);
+            op->matmul(be, m->ple_g, n, &L->ple_proj, NULL, m->tmp);
+            norm_rows(m, m->tmp, m->tmp, n, L->ple_norm, NULL);
+            op->add(be, m->x, m->tmp, (int64_t)n * H);
+        }
+        if (L->layer_scalar != 1.0f) op->scale(be, m->x, (int64_t)n * H, L->layer_scalar);
     }
     /* logits for the requested rows, a few rows at a time */
     for (int r0 = 0; r0 < b->n_logits; r0 += m->logits_rows) {

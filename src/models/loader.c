@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/quant.h"
+
 const kn_st_tensor *ld_find(const kn_tensor_source *src, const char *fmt, int layer) {
     char name[256];
     snprintf(name, sizeof name, fmt, layer);
@@ -83,22 +85,120 @@ kn_code ld_permute_qk_rows(uint8_t *rows, size_t row_bytes, const ld_qk_perm *p,
     return KN_OK;
 }
 
+/* The MLX-quantized form of weight `name` (HF name ending in ".weight"):
+ * codes in `t` (U32 [rows, cols*bits/32]) plus <module>.scales/.biases
+ * [rows, cols/group_size]; bits and group size follow from the shapes (so
+ * per-module overrides need no lookup) and are checked against what kiln
+ * supports. *found = 0 when the module has no scales (not quantized). */
+typedef struct {
+    const kn_st_tensor *q, *scales, *biases;
+    int bits, group_size;
+} ld_qpart;
+
+static kn_code ld_quant_part(const kn_tensor_source *src, const char *name, const kn_st_tensor *t, int64_t rows,
+                             int64_t cols, ld_qpart *out, int *found, kn_error *err) {
+    char base[256], sname[272], bname[272];
+    size_t len = strlen(name);
+    *found = 0;
+    if (len < 7 || strcmp(name + len - 7, ".weight") != 0) return KN_OK;
+    snprintf(base, sizeof base, "%.*s", (int)(len - 7), name);
+    snprintf(sname, sizeof sname, "%s.scales", base);
+    snprintf(bname, sizeof bname, "%s.biases", base);
+    const kn_st_tensor *sc = src->find(src->ctx, sname);
+    if (!sc) return KN_OK;
+    *found = 1;
+    const kn_st_tensor *bi = src->find(src->ctx, bname);
+    if (!bi) return kn_fail(err, KN_ERR_FORMAT, "checkpoint has %s but no %s", sname, bname);
+    if (t->dtype != KN_DT_U32 || t->ndim != 2 || t->shape[0] != rows || t->shape[1] <= 0 ||
+        (t->shape[1] * 32) % cols != 0)
+        return kn_fail(err, KN_ERR_FORMAT,
+                       "quantized tensor %s must be U32 [%lld, cols*bits/32] for %lld input columns (has dtype %s)",
+                       name, (long long)rows, (long long)cols, kn_dtype_name(t->dtype));
+    int bits = (int)(t->shape[1] * 32 / cols);
+    kn_code rc = ld_check_float(sc, sname, err);
+    if (!rc) rc = ld_check_float(bi, bname, err);
+    if (rc) return rc;
+    if (sc->ndim != 2 || sc->shape[0] != rows || sc->shape[1] <= 0 || cols % sc->shape[1] != 0)
+        return kn_fail(err, KN_ERR_FORMAT, "tensor %s must be [%lld, cols/group_size] for %lld columns", sname,
+                       (long long)rows, (long long)cols);
+    if (bi->dtype != sc->dtype || bi->ndim != 2 || bi->shape[0] != sc->shape[0] || bi->shape[1] != sc->shape[1])
+        return kn_fail(err, KN_ERR_FORMAT, "tensors %s and %s differ in dtype or shape", sname, bname);
+    int64_t gs = cols / sc->shape[1];
+    if (gs > 1024) return kn_fail(err, KN_ERR_UNSUPPORTED, "%s: quantization group size %lld", name, (long long)gs);
+    if ((rc = kn_quant_check(name, bits, (int)gs, rows, cols, err))) return rc;
+    *out = (ld_qpart){.q = t, .scales = sc, .biases = bi, .bits = bits, .group_size = (int)gs};
+    return KN_OK;
+}
+
+/* Row blocks of quantized parts (same bits, group size, scale dtype) as one
+ * quantized weight; rows of codes and of scales/biases move together. */
+static kn_code ld_load_fused_quant(kn_model *m, char (*name)[256], const ld_qpart *qp, const ld_part *parts,
+                                   int n_parts, int64_t cols, const ld_qk_perm *perm, kn_weight *out, kn_error *err) {
+    int64_t total = 0;
+    for (int i = 0; i < n_parts; i++) {
+        if (qp[i].bits != qp[0].bits || qp[i].group_size != qp[0].group_size ||
+            qp[i].scales->dtype != qp[0].scales->dtype)
+            return kn_fail(err, KN_ERR_UNSUPPORTED,
+                           "%s and %s are fused at load but quantized differently (%d-bit g%d vs %d-bit g%d)", name[0],
+                           name[i], qp[0].bits, qp[0].group_size, qp[i].bits, qp[i].group_size);
+        total += parts[i].rows;
+    }
+    const int permute = perm && perm->rot_dim > 0;
+    kn_quant_host h = {.rows = total, .cols = cols, .bits = qp[0].bits, .group_size = qp[0].group_size,
+                       .sb_dtype = qp[0].scales->dtype};
+    if (n_parts == 1 && !permute) {
+        h.q = qp[0].q->data, h.scales = qp[0].scales->data, h.biases = qp[0].biases->data;
+        return kn_be_weight_load_quant(m->be, &h, out, err);
+    }
+    const size_t qrow = (size_t)kn_quant_row_words(cols, h.bits) * 4;
+    const size_t srow = (size_t)(cols / h.group_size) * kn_dtype_size(h.sb_dtype);
+    uint8_t *q = malloc((size_t)total * qrow), *sc = malloc((size_t)total * srow), *bi = malloc((size_t)total * srow);
+    kn_code rc = KN_OK;
+    if (!q || !sc || !bi) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory fusing %s", name[0]);
+    size_t off = 0;
+    for (int i = 0; i < n_parts && !rc; i++) {
+        memcpy(q + off * qrow, qp[i].q->data, (size_t)parts[i].rows * qrow);
+        memcpy(sc + off * srow, qp[i].scales->data, (size_t)parts[i].rows * srow);
+        memcpy(bi + off * srow, qp[i].biases->data, (size_t)parts[i].rows * srow);
+        off += (size_t)parts[i].rows;
+    }
+    if (!rc && permute) rc = ld_permute_qk_rows(q, qrow, perm, err);
+    if (!rc && permute) rc = ld_permute_qk_rows(sc, srow, perm, err);
+    if (!rc && permute) rc = ld_permute_qk_rows(bi, srow, perm, err);
+    if (!rc) {
+        h.q = q, h.scales = sc, h.biases = bi;
+        rc = kn_be_weight_load_quant(m->be, &h, out, err);
+    }
+    free(q), free(sc), free(bi);
+    return rc;
+}
+
 kn_code ld_load_fused(kn_model *m, const kn_tensor_source *src, int layer, const ld_part *parts, int n_parts,
                       int64_t cols, const ld_qk_perm *perm, kn_weight *out, kn_error *err) {
     const kn_st_tensor *ts[4] = {0};
     char name[4][256];
+    ld_qpart qp[4] = {{0}};
+    int n_quant = 0;
     int64_t total = 0;
     for (int i = 0; i < n_parts; i++) {
         snprintf(name[i], sizeof name[i], parts[i].fmt, layer);
         ts[i] = src->find(src->ctx, name[i]);
         if (!ts[i]) return kn_fail(err, KN_ERR_FORMAT, "checkpoint is missing tensor %s", name[i]);
-        kn_code rc = ld_check_float(ts[i], name[i], err);
+        int is_q = 0;
+        kn_code rc = ld_quant_part(src, name[i], ts[i], parts[i].rows, cols, &qp[i], &is_q, err);
+        if (rc) return rc;
+        n_quant += is_q;
+        if (is_q) continue;
+        rc = ld_check_float(ts[i], name[i], err);
         if (!rc) rc = ld_check_shape(ts[i], name[i], parts[i].rows, cols, err);
         if (rc) return rc;
         if (ts[i]->dtype != ts[0]->dtype)
             return kn_fail(err, KN_ERR_UNSUPPORTED, "tensors %s and %s have different dtypes", name[0], name[i]);
         total += parts[i].rows;
     }
+    if (n_quant == n_parts) return ld_load_fused_quant(m, name, qp, parts, n_parts, cols, perm, out, err);
+    if (n_quant)
+        return kn_fail(err, KN_ERR_UNSUPPORTED, "%s and the tensors fused with it are only partly quantized", name[0]);
     int permute = perm && perm->rot_dim > 0;
     if (n_parts == 1 && !permute)
         return kn_be_weight_load(m->be, ts[0]->dtype, total, cols, ts[0]->data, src->outlives_model, out, err);

@@ -26,6 +26,17 @@ typedef struct {
      * gate_up / down above and its gate is shared_gate [1, H] */
     int is_moe;
     kn_weight router, experts_gate_up, experts_down, shared_gate;
+    /* attention shape of this layer (gemma4's global layers differ): q rows
+     * q_dim = n_heads*head_dim; the fused projection has qkv_stride rows
+     * (q|k|v, or q alone for a KV-shared layer) */
+    int head_dim, n_kv_heads, q_dim, kv_dim, qkv_stride, inter;
+    int kv_source; /* layer whose K/V this layer attends to (itself unless KV-shared) */
+    /* gemma4 */
+    float layer_scalar;                        /* multiplies the layer output (1 = none) */
+    kn_weight ple_gate, ple_proj;              /* per-layer input: [P, H], [H, P] */
+    float *ple_norm;                           /* [H] post_per_layer_input_norm */
+    float *router_norm_w, *expert_scale;       /* [H] router.scale / sqrt(H), [E] per_expert_scale */
+    float *moe_pre_norm, *moe_post_norm1, *moe_post_norm2; /* [H] */
 } kn_layer;
 
 /* One forward call: n_tokens tokens; token t belongs to sequence seq[t] (an
@@ -49,9 +60,16 @@ struct kn_model {
     kn_safetensors *st;
     kn_weight embed, lm_head;
     float *final_norm, *final_norm_b;
+    /* gemma4 per-layer inputs: table [ple_vocab, L*P], projection [L*P, H], norm [P] */
+    kn_weight ple_embed, ple_model_proj;
+    float *ple_proj_norm;
+    float *ple, *ple_tmp, *ple_g; /* scratch [T, L*P], [T, L*P], [T, P] */
+    float *ones;                  /* [max head_dim] weight of the scale-free value norm */
+    kn_kv_layer *kvl;             /* [n_layers] per-layer views of the KV pool with the layer's shape */
     kn_layer *layers;
     kn_rope_table rope, rope_local; /* rope_local: sliding layers of gemma3 (else unused) */
-    int q_dim, kv_dim, qkv_dim;
+    int q_dim, kv_dim, qkv_dim; /* widest of any layer (scratch sizing) */
+    int max_head_dim;
     int max_context, max_chunk, max_seqs;
     kn_kv_pool *kv;
     /* scratch, backend memory, sized for max_chunk tokens */

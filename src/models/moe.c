@@ -8,6 +8,7 @@
  * moe_ffn op can address any expert from its id on the device. */
 #include "models/moe.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 /* Mixtral's published layout says block_sparse_moe and w1/w3/w2; the others
  * (and transformers 5 for all) say mlp and gate_proj/up_proj/down_proj. */
 static const char *const prefixes[] = {"model.layers.%d.mlp", "model.layers.%d.block_sparse_moe"};
+static const char *const gemma4_prefix = "model.layers.%d"; /* router.*, experts.* */
 static const char *const expert_names[][3] = {{"gate_proj", "up_proj", "down_proj"}, {"w1", "w3", "w2"}};
 
 static const kn_st_tensor *find2(const kn_tensor_source *src, char *name, size_t cap, const char *prefix, int l,
@@ -93,10 +95,48 @@ static kn_code load_fused_experts(kn_model *m, const kn_tensor_source *src, cons
     return kn_be_weight_load(m->be, dn->dtype, E * H, I, dn->data, src->outlives_model, &L->experts_down, err);
 }
 
+static kn_code load_experts(kn_model *m, const kn_tensor_source *src, const char *prefix, int l, kn_layer *L,
+                            kn_error *err) {
+    char gu_name[320];
+    const kn_st_tensor *gu = find2(src, gu_name, sizeof gu_name, prefix, l, ".experts.gate_up_proj");
+    return gu ? load_fused_experts(m, src, gu, gu_name, prefix, l, L, err) : load_split_experts(m, src, prefix, l, L, err);
+}
+
+/* gemma4: router.{proj.weight [E, H], scale [H], per_expert_scale [E]}, experts.*, and the three extra norms */
+static kn_code load_gemma4(kn_model *m, const kn_tensor_source *src, int l, kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    kn_layer *L = &m->layers[l];
+    const int64_t H = c->hidden_size, E = c->n_experts;
+    kn_code rc;
+    ld_part rp[] = {{"model.layers.%d.router.proj.weight", E}};
+    if ((rc = ld_load_fused(m, src, l, rp, 1, H, NULL, &L->router, err))) return rc;
+    L->is_moe = 1;
+    /* router input: rms_norm(x) * scale * H^-0.5, folded into one weight */
+    float *w = malloc((size_t)H * sizeof(float));
+    if (!w) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    int found;
+    rc = ld_read_vec(src, "model.layers.%d.router.scale", l, H, 1, w, &found, err);
+    const float root = (float)pow((double)H, -0.5);
+    for (int64_t i = 0; !rc && i < H; i++) w[i] *= root;
+    if (!rc) rc = ld_upload_vec(m, w, H, &L->router_norm_w, err);
+    free(w);
+    if (rc) return rc;
+    if ((rc = ld_load_vec(m, src, "model.layers.%d.router.per_expert_scale", l, E, 1, 0.0f, &L->expert_scale, err)) ||
+        (rc = ld_load_vec(m, src, "model.layers.%d.pre_feedforward_layernorm_2.weight", l, H, 1, 0.0f, &L->moe_pre_norm,
+                          err)) ||
+        (rc = ld_load_vec(m, src, "model.layers.%d.post_feedforward_layernorm_1.weight", l, H, 1, 0.0f,
+                          &L->moe_post_norm1, err)) ||
+        (rc = ld_load_vec(m, src, "model.layers.%d.post_feedforward_layernorm_2.weight", l, H, 1, 0.0f,
+                          &L->moe_post_norm2, err)))
+        return rc;
+    return load_experts(m, src, gemma4_prefix, l, L, err);
+}
+
 kn_code kn_moe_load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_error *err) {
     const kn_model_config *c = &m->cfg;
     kn_layer *L = &m->layers[l];
     const int64_t H = c->hidden_size;
+    if (c->moe_parallel) return load_gemma4(m, src, l, err);
     char name[320];
     const char *prefix = NULL;
     const kn_st_tensor *router = NULL;
@@ -112,9 +152,7 @@ kn_code kn_moe_load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_er
                                 err)))
         return rc;
     L->is_moe = 1;
-    char gu_name[320];
-    const kn_st_tensor *gu = find2(src, gu_name, sizeof gu_name, prefix, l, ".experts.gate_up_proj");
-    rc = gu ? load_fused_experts(m, src, gu, gu_name, prefix, l, L, err) : load_split_experts(m, src, prefix, l, L, err);
+    rc = load_experts(m, src, prefix, l, L, err);
     if (rc || c->shared_expert_intermediate_size == 0) return rc;
     const int64_t S = c->shared_expert_intermediate_size;
     ld_part sgu[] = {{"model.layers.%d.mlp.shared_expert.gate_proj.weight", S},
@@ -133,7 +171,8 @@ void kn_moe_forward(kn_model *m, const kn_layer *L, const float *xn, int n, floa
     const kn_backend_vtbl *op = be->vt;
     const int H = c->hidden_size, k = c->n_experts_per_tok;
     op->matmul(be, xn, n, &L->router, NULL, m->router_logits);
-    op->moe_route(be, m->router_logits, n, c->n_experts, k, c->norm_topk_prob, m->route_idx, m->route_w);
+    op->moe_route(be, m->router_logits, n, c->n_experts, k, c->norm_topk_prob, L->expert_scale, m->route_idx,
+                  m->route_w);
     kn_moe_args a = {
         .x = xn, .out = out, .n_tokens = n, .dim = H, .inter = c->moe_intermediate_size,
         .n_experts = c->n_experts, .k = k, .act = c->act, .idx = m->route_idx, .w = m->route_w,
@@ -149,7 +188,7 @@ void kn_moe_forward(kn_model *m, const kn_layer *L, const float *xn, int n, floa
     op->sigmoid_gate_add(be, out, m->tmp2, m->shared_g, n, H);
 }
 
-static int64_t wbytes(const kn_weight *w) { return w->data ? w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype) : 0; }
+static int64_t wbytes(const kn_weight *w) { return kn_weight_bytes(w); }
 
 int64_t kn_moe_active_bytes(const kn_model *m, const kn_layer *L) {
     const kn_model_config *c = &m->cfg;
@@ -158,7 +197,28 @@ int64_t kn_moe_active_bytes(const kn_model *m, const kn_layer *L) {
            wbytes(&L->shared_gate);
 }
 
+void kn_moe_gemma4_forward(kn_model *m, const kn_layer *L, const float *x, int n, float *scratch, float *out) {
+    const kn_model_config *c = &m->cfg;
+    kn_backend *be = m->be;
+    const int H = c->hidden_size;
+    const float eps = (float)c->rms_norm_eps;
+    /* route on rms_norm(x) * scale / sqrt(H), experts on pre_feedforward_layernorm_2(x) */
+    be->vt->rms_norm(be, x, H, scratch, H, n, 1, H, L->router_norm_w, eps);
+    be->vt->matmul(be, scratch, n, &L->router, NULL, m->router_logits);
+    be->vt->moe_route(be, m->router_logits, n, c->n_experts, c->n_experts_per_tok, 1, L->expert_scale, m->route_idx,
+                      m->route_w);
+    be->vt->rms_norm(be, x, H, scratch, H, n, 1, H, L->moe_pre_norm, eps);
+    kn_moe_args a = {
+        .x = scratch, .out = out, .n_tokens = n, .dim = H, .inter = c->moe_intermediate_size,
+        .n_experts = c->n_experts, .k = c->n_experts_per_tok, .act = c->act, .idx = m->route_idx, .w = m->route_w,
+        .gate_up = &L->experts_gate_up, .down = &L->experts_down, .scratch = m->moe_scratch,
+    };
+    be->vt->moe_ffn(be, &a);
+}
+
 void kn_moe_free_layer(kn_model *m, kn_layer *L) {
+    float *v[] = {L->router_norm_w, L->expert_scale, L->moe_pre_norm, L->moe_post_norm1, L->moe_post_norm2};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) kn_be_free(m->be, v[i]);
     kn_be_weight_free(m->be, &L->router);
     kn_be_weight_free(m->be, &L->experts_gate_up);
     kn_be_weight_free(m->be, &L->experts_down);

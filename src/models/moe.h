@@ -18,6 +18,11 @@ void kn_moe_forward(kn_model *m, const kn_layer *L, const float *xn, int n, floa
  * selected experts and the shared expert. */
 int64_t kn_moe_active_bytes(const kn_model *m, const kn_layer *L);
 
+/* gemma4's MoE block (beside the dense MLP): out[n, H] = experts of
+ * pre_feedforward_layernorm_2(x), routed on the scaled rms_norm(x);
+ * scratch holds n*H floats. */
+void kn_moe_gemma4_forward(kn_model *m, const kn_layer *L, const float *x, int n, float *scratch, float *out);
+
 void kn_moe_free_layer(kn_model *m, kn_layer *L);
 
 #endif

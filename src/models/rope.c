@@ -66,6 +66,14 @@ kn_code kn_rope_frequencies(const kn_model_config *cfg, int rot_dim, float *inv_
         *attn_scale = (float)af;
         break;
     }
+    case KN_ROPE_PROPORTIONAL: {
+        /* gemma4: rot_dim is the whole head; the first int(p * dim // 2)
+         * frequencies rotate (exponents over the whole head), the rest are 0
+         * (cos 1, sin 0: those dims pass through) */
+        int angles = (int)floor(r->partial_rotary_factor * rot_dim / 2.0);
+        for (int i = 0; i < half; i++) f[i] = i < angles ? f[i] / r->factor : 0.0;
+        break;
+    }
     case KN_ROPE_DYNAMIC:
     case KN_ROPE_LONGROPE:
         return kn_fail(err, KN_ERR_UNSUPPORTED,

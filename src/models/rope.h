@@ -1,5 +1,5 @@
 /* rope.h — rotary-embedding frequency tables from a model config, following
- * transformers' modeling_rope_utils (default, linear, llama3, yarn). */
+ * transformers' modeling_rope_utils (default, linear, llama3, yarn, proportional). */
 #ifndef KN_MODELS_ROPE_H
 #define KN_MODELS_ROPE_H
 

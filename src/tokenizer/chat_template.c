@@ -109,7 +109,8 @@ kn_code kn_chat_template_load(const char *dir, const char *variant, kn_chat_temp
     if (kn_is_file(path)) {
         if ((rc = kn_read_file(path, KN_TEMPLATE_CONFIG_MAX, &cfg_text, &cfg_len, err))) return rc;
         json_error_t je;
-        cfg = json_loadb(cfg_text, cfg_len, 0, &je);
+        /* real configs carry integers beyond 64 bits ("model_max_length": 1e30 written out) */
+        cfg = json_loadb(cfg_text, cfg_len, JSON_DECODE_INT_AS_REAL, &je);
         free(cfg_text);
         if (!cfg || !json_is_object(cfg)) {
             json_decref(cfg);
@@ -138,7 +139,7 @@ kn_code kn_chat_template_load(const char *dir, const char *variant, kn_chat_temp
             snprintf(path, sizeof path, "%s/chat_template.json", dir);
             if (kn_is_file(path)) {
                 json_error_t je;
-                ctj = json_load_file(path, 0, &je);
+                ctj = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
                 ct = ctj ? json_object_get(ctj, "chat_template") : NULL;
             }
         }

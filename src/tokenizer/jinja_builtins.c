@@ -387,7 +387,7 @@ int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, int allow_unus
         if (k == '%') { rc = jbuf_put(c, &b, "%", 1); continue; }
         if (ai >= n_args) { rc = jfail(c, "not enough arguments for format string"); break; }
         jv x = args[ai++];
-        char spec[32], num[4200];
+        char spec[32], num[9000]; /* width, precision <= 4096 and |x| <= 1e300 for %f fit */
         if (k == 's' || k == 'r') {
             jbuf t = {0};
             rc = k == 'r' ? jv_write_repr(c, &t, x, 0) : x.t == JV_UNDEF ? 0 : jv_write_str(c, &t, x);

@@ -11,6 +11,7 @@
  *    floats and operators; `}}`/`%}` end a tag only when brackets balance.
  * Tokens and decoded strings live in the template arena. */
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,63 +192,51 @@ static int lex_tag(lexer *L, int end_kind, int *line_starting) {
                 return 0;
             }
         }
-        /* numbers */
+        /* numbers: find the literal's extent, then convert a copy without '_' */
         if (isdigit((unsigned char)ch)) {
             size_t j = i;
-            int is_float = 0;
-            char buf[128];
-            size_t bn = 0;
-            if (ch == '0' && j + 1 < L->n && strchr("bBoOxX", L->s[j + 1])) {
-                int base = strchr("bB", L->s[j + 1]) ? 2 : strchr("oO", L->s[j + 1]) ? 8 : 16;
+            int is_float = 0, base = 10;
+            if (ch == '0' && j + 1 < L->n && strchr("bBoOxX", L->s[j + 1]) && L->s[j + 1]) {
+                base = strchr("bB", L->s[j + 1]) ? 2 : strchr("oO", L->s[j + 1]) ? 8 : 16;
                 j += 2;
-                while (j < L->n && (isxdigit((unsigned char)L->s[j]) || L->s[j] == '_')) {
-                    if (L->s[j] != '_' && bn < sizeof buf - 1) buf[bn++] = L->s[j];
-                    j++;
-                }
-                buf[bn] = 0;
-                jtok *t = push(L, T_INT, line);
-                if (!t) return lx_fail(L, line, "%s", "out of memory");
-                t->ival = (int64_t)strtoull(buf, NULL, base);
-                L->pos = j;
-                continue;
-            }
-            while (j < L->n && (isdigit((unsigned char)L->s[j]) || (L->s[j] == '_' && j + 1 < L->n && isdigit((unsigned char)L->s[j + 1])))) {
-                if (L->s[j] != '_' && bn < sizeof buf - 1) buf[bn++] = L->s[j];
-                j++;
-            }
-            if (j + 1 < L->n && L->s[j] == '.' && isdigit((unsigned char)L->s[j + 1])) {
-                is_float = 1;
-                buf[bn++] = '.';
-                j++;
-                while (j < L->n && (isdigit((unsigned char)L->s[j]) || (L->s[j] == '_' && j + 1 < L->n && isdigit((unsigned char)L->s[j + 1])))) {
-                    if (L->s[j] != '_' && bn < sizeof buf - 1) buf[bn++] = L->s[j];
-                    j++;
-                }
-            }
-            if (j < L->n && (L->s[j] == 'e' || L->s[j] == 'E')) {
-                size_t k = j + 1;
-                if (k < L->n && (L->s[k] == '+' || L->s[k] == '-')) k++;
-                if (k < L->n && isdigit((unsigned char)L->s[k])) {
+                while (j < L->n && (isxdigit((unsigned char)L->s[j]) || L->s[j] == '_')) j++;
+            } else {
+#define DIGIT_RUN() \
+    while (j < L->n && (isdigit((unsigned char)L->s[j]) || (L->s[j] == '_' && j + 1 < L->n && isdigit((unsigned char)L->s[j + 1])))) j++
+                DIGIT_RUN();
+                if (j + 1 < L->n && L->s[j] == '.' && isdigit((unsigned char)L->s[j + 1])) {
                     is_float = 1;
-                    if (bn < sizeof buf - 1) buf[bn++] = 'e';
-                    for (size_t m = j + 1; m < k; m++)
-                        if (bn < sizeof buf - 1) buf[bn++] = L->s[m];
-                    j = k;
-                    while (j < L->n && (isdigit((unsigned char)L->s[j]) || L->s[j] == '_')) {
-                        if (L->s[j] != '_' && bn < sizeof buf - 1) buf[bn++] = L->s[j];
-                        j++;
+                    j++;
+                    DIGIT_RUN();
+                }
+                if (j < L->n && (L->s[j] == 'e' || L->s[j] == 'E')) {
+                    size_t k = j + 1;
+                    if (k < L->n && (L->s[k] == '+' || L->s[k] == '-')) k++;
+                    if (k < L->n && isdigit((unsigned char)L->s[k])) {
+                        is_float = 1;
+                        j = k;
+                        DIGIT_RUN();
                     }
                 }
+#undef DIGIT_RUN
             }
+            size_t from = base == 10 ? i : i + 2, bn = 0;
+            char *buf = jarena_alloc(L->arena, j - i + 1);
+            if (!buf) return lx_fail(L, line, "%s", "out of memory");
+            for (size_t m = from; m < j; m++)
+                if (L->s[m] != '_') buf[bn++] = L->s[m];
             buf[bn] = 0;
             jtok *t = push(L, is_float ? T_FLOAT : T_INT, line);
             if (!t) return lx_fail(L, line, "%s", "out of memory");
             if (is_float) {
                 t->fval = strtod(buf, NULL);
             } else {
-                unsigned long long u = strtoull(buf, NULL, 10);
-                if (bn > 19 || u > (unsigned long long)INT64_MAX)
-                    return lx_fail(L, line, "integer literal %s is too large", buf);
+                char *end = NULL;
+                errno = 0;
+                unsigned long long u = bn ? strtoull(buf, &end, base) : 0;
+                if (!bn || (end && *end)) return lx_fail(L, line, "%s", "invalid integer literal");
+                if (errno == ERANGE || u > (unsigned long long)INT64_MAX)
+                    return lx_fail(L, line, "%s", "integer literal is too large for kiln (64-bit)");
                 t->ival = (int64_t)u;
             }
             L->pos = j;

@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_ops_whisper.h"
 #include "backend/cpu/cpu_ops_models.h"
+#include "backend/cpu/cpu_quant.h"
 
 typedef struct {
     kn_backend base;
@@ -56,6 +57,8 @@ static kn_code cpu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_
     out->dtype = dt;
     out->rows = rows;
     out->cols = cols;
+    out->bits = out->group_size = 0;
+    out->scales = out->biases = NULL;
     /* borrow in place only when aligned (kernels assume element alignment;
      * a header whose length is not a multiple of 8 misaligns every tensor) */
     if (may_borrow && ((uintptr_t)host & 63) == 0) {
@@ -76,6 +79,10 @@ static kn_code cpu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_
 
 static void cpu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
     const int64_t d = t->cols;
+    if (t->bits) {
+        kn_cpu_qembed(be, t, ids, n, out);
+        return;
+    }
 #pragma omp parallel for num_threads(be->n_threads) schedule(static)
     for (int i = 0; i < n; i++) {
         int64_t row = ids[i];
@@ -107,6 +114,10 @@ static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w
     cpu_backend *c = cpu(be);
     const int64_t N = w->rows;
     const int nt = be->n_threads;
+    if (w->bits) {
+        kn_cpu_qmatmul(be, c->k, c->gemm_scratch, x, M, w, bias, out);
+        return;
+    }
     /* Up to 16 rows (a continuous-batching decode step) go through the GEMV
      * kernels: each weight row is streamed once for all x rows, and a row's
      * result does not depend on how many rows share the call, so a batched
@@ -379,6 +390,8 @@ static const kn_backend_vtbl cpu_vtbl = {
     .sigmoid_gate_add = kn_cpu_sigmoid_gate_add,
     .moe_route = kn_cpu_moe_route,
     .moe_ffn = kn_cpu_moe_ffn,
+    .mul_rows = kn_cpu_mul_rows,
+    .weight_load_quant = kn_cpu_weight_load_quant,
 };
 
 /* Attention scratch holds one score row per thread; sized for the longest

@@ -34,8 +34,14 @@ void kn_cpu_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const flo
     }
 }
 
+void kn_cpu_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim) {
+    (void)be;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < dim; j++) y[(int64_t)r * dim + j] *= x[r * x_stride + j];
+}
+
 void kn_cpu_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                      int32_t *idx, float *w) {
+                      const float *expert_scale, int32_t *idx, float *w) {
     (void)be;
     for (int r = 0; r < rows; r++) {
         const float *l = logits + (int64_t)r * n_experts;
@@ -61,6 +67,8 @@ void kn_cpu_moe_route(kn_backend *be, const float *logits, int rows, int n_exper
             for (int j = 0; j < k; j++) s += wr[j];
             for (int j = 0; j < k; j++) wr[j] /= s;
         }
+        if (expert_scale)
+            for (int j = 0; j < k; j++) wr[j] *= expert_scale[ir[j]];
     }
 }
 

@@ -10,7 +10,8 @@ void kn_cpu_softcap(kn_backend *be, float *x, int64_t n, float cap);
 void kn_cpu_scale(kn_backend *be, float *x, int64_t n, float s);
 void kn_cpu_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
 void kn_cpu_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                      int32_t *idx, float *w);
+                      const float *expert_scale, int32_t *idx, float *w);
+void kn_cpu_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
 void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a);
 
 #endif

@@ -24,7 +24,8 @@ extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap);
 extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s);
 extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows, int dim);
 extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                                  int32_t *idx, float *w);
+                                  const float *expert_scale, int32_t *idx, float *w);
+extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
 extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
 
 typedef kn_cuda_backend cuda_backend;
@@ -196,6 +197,7 @@ static kn_code cu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_t
         return kn_fail(err, KN_ERR_BACKEND, "cuda backend: weight upload failed");
     }
     out->dtype = dt, out->rows = rows, out->cols = cols, out->data = p, out->owned = 1;
+    out->bits = out->group_size = 0, out->scales = out->biases = NULL;
     return KN_OK;
 }
 
@@ -527,6 +529,10 @@ __global__ void k_read(const float4 *p, size_t n, float *sink) {
 #define S (cu(be)->stream)
 
 static void cu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
+    if (t->bits) {
+        kn_cuda_qembed(be, t, ids, n, out);
+        return;
+    }
     k_embed<<<n, 256, 0, S>>>(t->data, t->dtype, t->rows, t->cols, ids, out);
 }
 static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, int64_t os, int rows, int groups,
@@ -535,6 +541,10 @@ static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, 
 }
 static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                    int accumulate) {
+    if (w->bits) {
+        kn_cuda_qmatmul(be, x, M, w, bias, out, accumulate);
+        return;
+    }
     if (M <= GEMV_MAX_M) gemv(S, x, M, w, bias, out, accumulate);
     else if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out, accumulate)) {
         dim3 grid((unsigned)((w->rows + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
@@ -610,6 +620,8 @@ static const kn_backend_vtbl cuda_vtbl = {
     /* whisper */ kn_cuda_im2col_1d, kn_cuda_attention_dense,
     cu_read_bandwidth, cu_graph_replay, cu_graph_begin, cu_graph_end, cu_memory_info,
     kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
+    kn_cuda_mul_rows,
+    kn_cuda_weight_load_quant, /* cuda_quant.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

@@ -60,6 +60,13 @@ void kn_cuda_gemm_destroy(kn_backend *be);
 /* The backend's cuBLAS handle (a cublasHandle_t), created on first use; NULL if unavailable. */
 void *kn_cuda_blas(kn_backend *be);
 
+/* MLX affine-quantized weights (cuda_quant.cu): load kept packed, matmul
+ * (accumulate adds to out), embedding lookup. */
+kn_code kn_cuda_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
+void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                     int accumulate);
+void kn_cuda_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out);
+
 /* The vtable of KILN_CUDA_PROFILE=1 runs: real ops bracketed by events. */
 const kn_backend_vtbl *kn_cuda_profile_vtbl(const kn_backend_vtbl *real);
 

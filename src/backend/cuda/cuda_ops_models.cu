@@ -31,7 +31,13 @@ __global__ void k_sigmoid_gate_add(float *y, const float *x, const float *gate, 
 }
 
 /* one thread per row: softmax, insertion top-k (ties keep the lower id), renorm */
-__global__ void k_moe_route(const float *logits, int rows, int E, int k, int norm, int32_t *idx, float *w) {
+__global__ void k_mul_rows(float *y, const float *x, int64_t x_stride, int64_t n, int dim) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] *= x[(i / dim) * x_stride + i % dim];
+}
+
+__global__ void k_moe_route(const float *logits, int rows, int E, int k, int norm, const float *escale, int32_t *idx,
+                            float *w) {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
     const float *l = logits + (int64_t)r * E;
@@ -56,6 +62,8 @@ __global__ void k_moe_route(const float *logits, int rows, int E, int k, int nor
         for (int j = 0; j < k; j++) s += wr[j];
         for (int j = 0; j < k; j++) wr[j] /= s;
     }
+    if (escale)
+        for (int j = 0; j < k; j++) wr[j] *= escale[ir[j]];
 }
 
 /* 8 consecutive weights from 16 bytes (bf16/f16) or two 16-byte loads (f32) */
@@ -291,8 +299,14 @@ extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *
 }
 
 extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                                  int32_t *idx, float *w) {
-    if (rows > 0) k_moe_route<<<(rows + 63) / 64, 64, 0, S>>>(logits, rows, n_experts, k, norm_topk, idx, w);
+                                  const float *expert_scale, int32_t *idx, float *w) {
+    if (rows > 0)
+        k_moe_route<<<(rows + 63) / 64, 64, 0, S>>>(logits, rows, n_experts, k, norm_topk, expert_scale, idx, w);
+}
+
+extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim) {
+    int64_t n = (int64_t)rows * dim;
+    if (n > 0) k_mul_rows<<<blocks_for(n), 256, 0, S>>>(y, x, x_stride, n, dim);
 }
 
 extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a) {

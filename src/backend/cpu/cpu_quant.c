@@ -1,0 +1,140 @@
+/* cpu_quant.c — MLX affine-quantized weights on the CPU (see cpu_quant.h).
+ *
+ * The weight stays packed in one allocation: codes, then float32 scales and
+ * biases. Kernels dequantize one group (decode) or one KC x NC tile (prefill)
+ * at a time into a small float buffer with exactly quant.h's arithmetic
+ * (scale * q + bias in float32) and take the dot products with the kernel
+ * set's dot (AVX2 where present), so results match a float32 matmul over the
+ * dequantized matrix up to summation order. */
+#include "backend/cpu/cpu_quant.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/quant.h"
+
+kn_code kn_cpu_weight_load_quant(kn_backend *be, const kn_quant_host *s, kn_weight *out, kn_error *err) {
+    (void)be;
+    const int64_t words = kn_quant_row_words(s->cols, s->bits), groups = s->cols / s->group_size;
+    const size_t qbytes = (size_t)s->rows * (size_t)words * 4, sbytes = (size_t)s->rows * (size_t)groups * 4;
+    const size_t qpad = (qbytes + 63) & ~(size_t)63, spad = (sbytes + 63) & ~(size_t)63;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, qpad + 2 * spad) != 0)
+        return kn_fail(err, KN_ERR_NOMEM, "cpu backend: out of memory for a %zu-byte quantized weight", qpad + 2 * spad);
+    memcpy(p, s->q, qbytes);
+    float *sc = (float *)((char *)p + qpad), *bi = (float *)((char *)p + qpad + spad);
+    for (int64_t i = 0; i < s->rows * groups; i++) {
+        sc[i] = kn_load_f32(s->scales, s->sb_dtype, i);
+        bi[i] = kn_load_f32(s->biases, s->sb_dtype, i);
+    }
+    *out = (kn_weight){.dtype = KN_DT_U32, .rows = s->rows, .cols = s->cols, .data = p, .owned = 1, .bits = s->bits,
+                       .group_size = s->group_size, .scales = sc, .biases = bi};
+    return KN_OK;
+}
+
+/* out[i] = scale * q_i + bias for the n codes starting at code c0 (a multiple
+ * of the group size) of packed row `row`; n a multiple of 32/bits. */
+static void dequant_span(const uint32_t *row, int64_t c0, int n, int bits, float scale, float bias, float *out) {
+    const uint32_t *w = row + c0 * bits / 32;
+    if (bits == 4) {
+        for (int j = 0; j < n / 8; j++) {
+            uint32_t v = w[j];
+            for (int i = 0; i < 8; i++) out[8 * j + i] = scale * (float)((v >> (4 * i)) & 15u) + bias;
+        }
+    } else if (bits == 8) {
+        for (int j = 0; j < n / 4; j++) {
+            uint32_t v = w[j];
+            for (int i = 0; i < 4; i++) out[4 * j + i] = scale * (float)((v >> (8 * i)) & 255u) + bias;
+        }
+    } else { /* 2 */
+        for (int j = 0; j < n / 16; j++) {
+            uint32_t v = w[j];
+            for (int i = 0; i < 16; i++) out[16 * j + i] = scale * (float)((v >> (2 * i)) & 3u) + bias;
+        }
+    }
+}
+
+/* rows [n0, n1) of out for M small: each weight row streamed once */
+static void qgemv(const kn_cpu_kernels *k, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                  int64_t n0, int64_t n1) {
+    const int64_t K = w->cols, N = w->rows, G = K / w->group_size, words = kn_quant_row_words(K, w->bits);
+    const int gs = w->group_size;
+    float buf[128];
+    for (int64_t n = n0; n < n1; n++) {
+        const uint32_t *row = (const uint32_t *)w->data + n * words;
+        float acc[4] = {0, 0, 0, 0};
+        for (int64_t g = 0; g < G; g++) {
+            dequant_span(row, g * gs, gs, w->bits, w->scales[n * G + g], w->biases[n * G + g], buf);
+            for (int m = 0; m < M; m++) acc[m] += k->dot(x + (int64_t)m * K + g * gs, buf, gs);
+        }
+        for (int m = 0; m < M; m++) out[(int64_t)m * N + n] = acc[m] + (bias ? bias[n] : 0.0f);
+    }
+}
+
+/* rows [n0, n1) (at most KN_GEMM_NC) for large M: dequantize a KC x (n1-n0)
+ * tile into scratch, then every x row takes its dots against it */
+static void qgemm(const kn_cpu_kernels *k, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                  int64_t n0, int64_t n1, float *tile) {
+    const int64_t K = w->cols, N = w->rows, G = K / w->group_size, words = kn_quant_row_words(K, w->bits);
+    const int gs = w->group_size;
+    for (int m = 0; m < M; m++)
+        for (int64_t n = n0; n < n1; n++) out[(int64_t)m * N + n] = bias ? bias[n] : 0.0f;
+    for (int64_t k0 = 0; k0 < K; k0 += KN_GEMM_KC) {
+        const int kc = (int)(K - k0 < KN_GEMM_KC ? K - k0 : KN_GEMM_KC); /* multiple of gs: KC and K are */
+        for (int64_t n = n0; n < n1; n++) {
+            const uint32_t *row = (const uint32_t *)w->data + n * words;
+            for (int c = 0; c < kc; c += gs) {
+                int64_t g = (k0 + c) / gs;
+                dequant_span(row, k0 + c, gs, w->bits, w->scales[n * G + g], w->biases[n * G + g],
+                             tile + (n - n0) * KN_GEMM_KC + c);
+            }
+        }
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + (int64_t)m * K + k0;
+            float *om = out + (int64_t)m * N;
+            for (int64_t n = n0; n < n1; n++) om[n] += k->dot(xm, tile + (n - n0) * KN_GEMM_KC, kc);
+        }
+    }
+}
+
+void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, const float *x, int M, const kn_weight *w,
+                    const float *bias, float *out) {
+    const int64_t N = w->rows;
+    const int nt = be->n_threads;
+    if (M <= 4) {
+        const int64_t chunk = 64, n_chunks = (N + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int64_t ch = 0; ch < n_chunks; ch++) {
+            int64_t n0 = ch * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+            qgemv(k, x, M, w, bias, out, n0, n1);
+        }
+        return;
+    }
+    const int64_t nblocks = (N + KN_GEMM_NC - 1) / KN_GEMM_NC;
+#pragma omp parallel num_threads(nt)
+    {
+        float *tile = scratch + (size_t)omp_get_thread_num() * KN_GEMM_SCRATCH;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < nblocks; b++) {
+            int64_t n0 = b * KN_GEMM_NC, n1 = n0 + KN_GEMM_NC < N ? n0 + KN_GEMM_NC : N;
+            qgemm(k, x, M, w, bias, out, n0, n1, tile);
+        }
+    }
+}
+
+void kn_cpu_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
+    const int64_t d = t->cols, G = d / t->group_size, words = kn_quant_row_words(d, t->bits);
+#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+    for (int i = 0; i < n; i++) {
+        int64_t row = ids[i];
+        float *o = out + (int64_t)i * d;
+        if (row < 0 || row >= t->rows) {
+            memset(o, 0, (size_t)d * sizeof(float));
+            continue;
+        }
+        for (int64_t g = 0; g < G; g++)
+            dequant_span((const uint32_t *)t->data + row * words, g * t->group_size, t->group_size, t->bits,
+                         t->scales[row * G + g], t->biases[row * G + g], o + g * t->group_size);
+    }
+}

@@ -1,0 +1,16 @@
+/* cpu_quant.h — MLX affine-quantized weights on the CPU backend: loading
+ * (kept packed), matmul reading the packed codes, and embedding lookup. */
+#ifndef KN_CPU_QUANT_H
+#define KN_CPU_QUANT_H
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+
+kn_code kn_cpu_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
+/* out[M, N] = x[M, K] . W^T (+ bias) for a quantized w; scratch: n_threads *
+ * KN_GEMM_SCRATCH floats. */
+void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, const float *x, int M, const kn_weight *w,
+                    const float *bias, float *out);
+void kn_cpu_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out);
+
+#endif

@@ -1,0 +1,214 @@
+/* quantize.c — see quantize.h. Reads the input through the validating
+ * safetensors reader, quantizes one tensor at a time (kn_quant_group, MLX's
+ * arithmetic) and streams the output through st_writer; scales and biases
+ * are stored in the input tensor's dtype (as mlx-lm does). */
+#include "io/quantize.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <dirent.h>
+
+#include "base/quant.h"
+#include "io/file_util.h"
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "io/st_writer.h"
+
+int kn_quantize_selects(const char *name, int ndim, const int64_t *shape, int group_size) {
+    size_t len = strlen(name);
+    if (ndim != 2 || len < 7 || strcmp(name + len - 7, ".weight") != 0) return 0;
+    if (shape[1] % group_size != 0 || shape[0] < 16) return 0;
+    static const char *const keep[] = {".experts.", "mlp.gate.weight", "shared_expert_gate.", "block_sparse_moe.gate.",
+                                       "vision", "multi_modal_projector", "audio"};
+    for (size_t i = 0; i < sizeof keep / sizeof *keep; i++)
+        if (strstr(name, keep[i])) return 0;
+    return 1;
+}
+
+static kn_code copy_file(const char *src, const char *dst, kn_error *err) {
+    char *buf;
+    size_t len;
+    kn_code rc = kn_read_file(src, 1u << 30, &buf, &len, err);
+    if (rc) return rc;
+    FILE *f = fopen(dst, "wb");
+    int ok = f && fwrite(buf, 1, len, f) == len;
+    if (f && fclose(f) != 0) ok = 0;
+    free(buf);
+    return ok ? KN_OK : kn_fail(err, KN_ERR_IO, "cannot write %s", dst);
+}
+
+/* tokenizer / generation / chat-template files travel with the weights */
+static int is_side_file(const char *n) {
+    static const char *const pre[] = {"tokenizer", "special_tokens_map", "generation_config", "vocab", "merges",
+                                      "added_tokens", "chat_template"};
+    for (size_t i = 0; i < sizeof pre / sizeof *pre; i++)
+        if (!strncmp(n, pre[i], strlen(pre[i]))) return 1;
+    return 0;
+}
+
+static kn_code write_config(const char *in_dir, const char *out_dir, const kn_quantize_opts *o, kn_error *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", in_dir);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        return kn_fail(err, KN_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    for (int i = 0; i < 2; i++) {
+        json_t *q = json_object();
+        json_object_set_new(q, "group_size", json_integer(o->group_size));
+        json_object_set_new(q, "bits", json_integer(o->bits));
+        json_object_set_new(q, "mode", json_string("affine"));
+        json_object_set_new(root, i ? "quantization_config" : "quantization", q);
+    }
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    int bad = json_dump_file(root, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return bad ? kn_fail(err, KN_ERR_IO, "cannot write %s", path) : KN_OK;
+}
+
+/* quantize tensor t (rows x cols, float dtype) into q / sc / bi (sc, bi in t's dtype) */
+static void quantize_tensor(const kn_st_tensor *t, int bits, int gs, uint32_t *q, void *sc, void *bi, float *row) {
+    const int64_t rows = t->shape[0], cols = t->shape[1], G = cols / gs, words = kn_quant_row_words(cols, bits);
+    const size_t esz = kn_dtype_size(t->dtype);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++) row[c] = kn_load_f32(t->data, t->dtype, r * cols + c);
+        for (int64_t g = 0; g < G; g++) {
+            float s, b;
+            kn_quant_group(row + g * gs, gs, bits, q + r * words + g * gs * bits / 32, &s, &b);
+            uint8_t *sp = (uint8_t *)sc + (size_t)(r * G + g) * esz, *bp = (uint8_t *)bi + (size_t)(r * G + g) * esz;
+            if (t->dtype == KN_DT_F32) memcpy(sp, &s, 4), memcpy(bp, &b, 4);
+            else {
+                uint16_t hs = t->dtype == KN_DT_BF16 ? kn_f32_to_bf16(s) : kn_f32_to_f16(s);
+                uint16_t hb = t->dtype == KN_DT_BF16 ? kn_f32_to_bf16(b) : kn_f32_to_f16(b);
+                memcpy(sp, &hs, 2), memcpy(bp, &hb, 2);
+            }
+        }
+    }
+}
+
+kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn_quantize_opts *o,
+                               kn_quantize_stats *stats, kn_error *err) {
+    kn_quantize_stats st0 = {0};
+    if (stats) *stats = st0;
+    kn_code rc = kn_quant_check("kiln quantize", o->bits, o->group_size, 1, o->group_size, err);
+    if (rc) return rc;
+    if (!kn_is_dir(in_dir)) return kn_fail(err, KN_ERR_IO, "%s: not a readable checkpoint directory", in_dir);
+    kn_model_config cfg;
+    if ((rc = kn_config_load(in_dir, &cfg, err))) return kn_fail_wrap(err, "%s", in_dir);
+    if (cfg.quant_bits) return kn_fail(err, KN_ERR_UNSUPPORTED, "%s is already quantized (%d-bit)", in_dir, cfg.quant_bits);
+    struct stat sb;
+    if (stat(out_dir, &sb) == 0 && !o->force)
+        return kn_fail(err, KN_ERR_INVALID_ARG, "%s already exists (use --force to overwrite)", out_dir);
+    if (stat(out_dir, &sb) != 0 && mkdir(out_dir, 0777) != 0)
+        return kn_fail(err, KN_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
+    if (!kn_is_dir(out_dir)) return kn_fail(err, KN_ERR_IO, "%s is not a directory", out_dir);
+    kn_safetensors *in;
+    if ((rc = kn_st_open(in_dir, &in, err))) return rc;
+    const size_t n = kn_st_count(in);
+    /* each input tensor becomes 1 (kept) or 3 (weight, scales, biases) outputs */
+    kn_stw_desc *d = calloc(3 * n + 1, sizeof *d);
+    char **names = calloc(3 * n + 1, sizeof *names);
+    uint8_t *sel = calloc(n + 1, 1);
+    kn_st_writer *w = NULL;
+    float *row = NULL;
+    void *qbuf = NULL, *sbuf = NULL, *bbuf = NULL;
+    size_t nd = 0, max_cols = 0, max_q = 0, max_s = 0;
+    if (!d || !names || !sel) {
+        rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    kn_quantize_stats s = st0;
+    for (size_t i = 0; i < n; i++) {
+        const kn_st_tensor *t = kn_st_at(in, i);
+        int is_float = t->dtype == KN_DT_F32 || t->dtype == KN_DT_BF16 || t->dtype == KN_DT_F16;
+        s.bytes_in += (double)t->nbytes;
+        size_t len = strlen(t->name);
+        if (len > 7 && !strcmp(t->name + len - 7, ".scales")) {
+            rc = kn_fail(err, KN_ERR_UNSUPPORTED, "%s: tensor %s: the checkpoint is already quantized", in_dir, t->name);
+            goto done;
+        }
+        if (t->ndim == 2 && len > 7 && !strcmp(t->name + len - 7, ".weight") && !is_float) {
+            rc = kn_fail(err, KN_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (supported: F32, BF16, F16)", in_dir,
+                         t->name, kn_dtype_name(t->dtype));
+            goto done;
+        }
+        sel[i] = is_float && kn_quantize_selects(t->name, t->ndim, t->shape, o->group_size);
+        if (!sel[i]) {
+            d[nd] = (kn_stw_desc){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+            memcpy(d[nd].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+            nd++, s.n_kept++, s.bytes_out += (double)t->nbytes;
+            continue;
+        }
+        const int64_t rows = t->shape[0], cols = t->shape[1], G = cols / o->group_size;
+        const int64_t words = kn_quant_row_words(cols, o->bits);
+        char base[512];
+        snprintf(base, sizeof base, "%.*s", (int)(len - 7), t->name);
+        const char *suffix[3] = {".weight", ".scales", ".biases"};
+        for (int k = 0; k < 3; k++) {
+            size_t nl = strlen(base) + 8;
+            if (!(names[nd] = malloc(nl))) {
+                rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            snprintf(names[nd], nl, "%s%s", base, suffix[k]);
+            d[nd] = (kn_stw_desc){.name = names[nd], .dtype = k ? t->dtype : KN_DT_U32, .ndim = 2};
+            d[nd].shape[0] = rows, d[nd].shape[1] = k ? G : words;
+            nd++;
+        }
+        if ((size_t)cols > max_cols) max_cols = (size_t)cols;
+        if ((size_t)(rows * words) > max_q) max_q = (size_t)(rows * words);
+        if ((size_t)(rows * G) > max_s) max_s = (size_t)(rows * G);
+        s.n_quantized++;
+        s.bytes_out += (double)(rows * words * 4) + 2.0 * (double)(rows * G) * (double)kn_dtype_size(t->dtype);
+    }
+    row = malloc((max_cols + 1) * sizeof(float));
+    qbuf = malloc((max_q + 1) * 4), sbuf = malloc((max_s + 1) * 4), bbuf = malloc((max_s + 1) * 4);
+    if (!row || !qbuf || !sbuf || !bbuf) {
+        rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+    if ((rc = kn_st_writer_open(path, d, nd, "mlx", &w, err))) goto done;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const kn_st_tensor *t = kn_st_at(in, i);
+        if (!sel[i]) {
+            rc = kn_st_writer_put(w, t->data, t->nbytes, err);
+            continue;
+        }
+        const int64_t rows = t->shape[0], cols = t->shape[1], G = cols / o->group_size;
+        quantize_tensor(t, o->bits, o->group_size, qbuf, sbuf, bbuf, row);
+        const size_t sbytes = (size_t)(rows * G) * kn_dtype_size(t->dtype);
+        rc = kn_st_writer_put(w, qbuf, (size_t)(rows * kn_quant_row_words(cols, o->bits)) * 4, err);
+        if (!rc) rc = kn_st_writer_put(w, sbuf, sbytes, err);
+        if (!rc) rc = kn_st_writer_put(w, bbuf, sbytes, err);
+    }
+    if (rc) goto done;
+    rc = kn_st_writer_close(w, err);
+    w = NULL;
+    if (rc) goto done;
+    if ((rc = write_config(in_dir, out_dir, o, err))) goto done;
+    DIR *dir = opendir(in_dir);
+    struct dirent *e;
+    while (dir && !rc && (e = readdir(dir))) {
+        if (!is_side_file(e->d_name)) continue;
+        char src[4096], dst[4096];
+        snprintf(src, sizeof src, "%s/%s", in_dir, e->d_name);
+        snprintf(dst, sizeof dst, "%s/%s", out_dir, e->d_name);
+        if (kn_is_file(src)) rc = copy_file(src, dst, err);
+    }
+    if (dir) closedir(dir);
+    if (!rc && stats) *stats = s;
+done:
+    kn_st_writer_abort(w);
+    for (size_t i = 0; names && i < nd; i++) free(names[i]);
+    free(names), free(d), free(sel), free(row), free(qbuf), free(sbuf), free(bbuf);
+    kn_st_close(in);
+    return rc;
+}

@@ -1,0 +1,325 @@
+/* test_quant.c — MLX affine weight quantization end to end.
+ *  1. kn_quant_group round trip: every element within scale/2 of its input,
+ *     the larger-magnitude edge of each group exact, constant and zero groups
+ *     exact, codes within [0, 2^bits).
+ *  2. `kiln quantize` (kn_quantize_checkpoint) of the qwen3 and llama fp32
+ *     fixtures at 8-bit g64 and 4-bit g64/g32: the quantized model's
+ *     teacher-forced logits vs the transformers fp32 reference (logits.npy):
+ *     mean KL <= 2e-3 (8-bit) / 5e-2 (4-bit), and greedy decoding agrees
+ *     with the fp32 model's until the fp32 top-2 gap first drops below twice
+ *     the quantized model's max teacher-forced |dlogit| (a near-tie).
+ *  3. The same quantized checkpoint equals, within 1e-4 x max|logit|, the
+ *     fp32 model run on its dequantized weights (scale * q + bias written
+ *     out as an F32 checkpoint): the packed kernels, fused loads and the
+ *     quantized tied head/embedding change nothing but rounding.
+ *  4. Refusals: existing OUT_DIR without --force, unreadable input,
+ *     re-quantizing, unsupported bits. */
+#include <jansson.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/quant.h"
+#include "engine/sampler.h"
+#include "io/npy.h"
+#include "io/quantize.h"
+#include "io/safetensors.h"
+#include "io/st_writer.h"
+#include "models/model.h"
+#include "test_util.h"
+
+static uint64_t seed = 7;
+
+static void test_round_trip(void) {
+    const int bits[] = {2, 4, 8}, gss[] = {32, 64, 128};
+    float w[128], out[128], sc[1], bi[1];
+    uint32_t q[64];
+    for (int b = 0; b < 3; b++)
+        for (int g = 0; g < 3; g++)
+            for (int trial = 0; trial < 200; trial++) {
+                const int gs = gss[g];
+                float amp = trial % 4 == 0 ? 1e-3f : trial % 4 == 1 ? 1.0f : 30.0f, off = trial % 3 == 0 ? 0.5f : 0.0f;
+                for (int i = 0; i < gs; i++) w[i] = kn_test_rand(&seed) * amp + off * amp;
+                if (trial == 5) for (int i = 0; i < gs; i++) w[i] = 0.0f;
+                if (trial == 6) for (int i = 0; i < gs; i++) w[i] = -0.25f;
+                kn_quant_group(w, gs, bits[b], q, sc, bi);
+                kn_quant_dequant_row(q, sc, bi, gs, gs, bits[b], out);
+                float mn = w[0], mx = w[0];
+                for (int i = 0; i < gs; i++) mn = fminf(mn, w[i]), mx = fmaxf(mx, w[i]);
+                /* MLX snaps the scale so the larger-magnitude edge (and zero) are
+                 * exact: scale = edge / q0 with q0 = round(edge / s0). Codes at
+                 * the far end may then clamp at 2^bits - 1: unclamped elements
+                 * are within scale/2, clamped ones within the range lost to the
+                 * snap, n_bins * |scale| * 0.5 / |q0| more. */
+                const double nb = (double)((1 << bits[b]) - 1), as = fabs((double)sc[0]);
+                const double q0 = bi[0] != 0.0f ? fabs((double)bi[0] / sc[0]) : 1.0;
+                const double slack = 1e-6 * (fabs(mx) + fabs(mn)) + 1e-12;
+                int bad = 0;
+                for (int i = 0; i < gs && !bad; i++) {
+                    uint32_t code = kn_quant_code(q, i, bits[b]);
+                    double e = fabs((double)out[i] - w[i]);
+                    double tol = as * 0.5 * (1 + 1e-5) + slack + (code == (uint32_t)nb ? nb * as * 0.5 / (q0 > 1 ? q0 : 1) : 0);
+                    if (!(e <= tol)) {
+                        bad = 1;
+                        CHECK(0, "round trip %d-bit g%d trial %d elem %d (code %u): %g -> %g (scale %g bias %g)", bits[b],
+                              gs, trial, i, code, w[i], out[i], sc[0], bi[0]);
+                    }
+                }
+                float edge = fabsf(mn) > fabsf(mx) ? mn : mx;
+                int found = 0;
+                for (int i = 0; i < gs; i++) found |= w[i] == edge && fabsf(out[i] - edge) <= 1e-6f * fabsf(edge);
+                CHECK(found || edge == 0.0f, "%d-bit g%d trial %d: edge %g not exact", bits[b], gs, trial, edge);
+                if (trial == 5 || trial == 6)
+                    for (int i = 0; i < gs; i++) CHECK(out[i] == w[i], "constant group not exact: %g -> %g", w[i], out[i]);
+            }
+}
+
+/* ---- fixtures ------------------------------------------------------------ */
+
+typedef struct {
+    int32_t ids[256], prompt[64];
+    int n_ids, n_prompt;
+} reference;
+
+static int load_reference(const char *dir, reference *r) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j) return -1;
+    json_t *ids = json_object_get(j, "ids"), *pr = json_object_get(j, "prompt");
+    r->n_ids = json_is_array(ids) && json_array_size(ids) <= 256 ? (int)json_array_size(ids) : 0;
+    r->n_prompt = json_is_array(pr) && json_array_size(pr) <= 64 ? (int)json_array_size(pr) : 0;
+    for (int i = 0; i < r->n_ids; i++) r->ids[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+    for (int i = 0; i < r->n_prompt; i++) r->prompt[i] = (int32_t)json_integer_value(json_array_get(pr, (size_t)i));
+    json_decref(j);
+    return r->n_ids > 0 && r->n_prompt > 0 ? 0 : -1;
+}
+
+static double mean_kl(const float *p, const float *q, int rows, int V) {
+    double total = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *a = p + (size_t)r * V, *b = q + (size_t)r * V;
+        double ma = -1e300, mb = -1e300, sa = 0, sb = 0, kl = 0;
+        for (int i = 0; i < V; i++) ma = a[i] > ma ? a[i] : ma, mb = b[i] > mb ? b[i] : mb;
+        for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sb += exp(b[i] - mb);
+        for (int i = 0; i < V; i++) {
+            double la = a[i] - ma - log(sa), lb = b[i] - mb - log(sb);
+            kl += exp(la) * (la - lb);
+        }
+        total += kl;
+    }
+    return total / rows;
+}
+
+static kn_model *open_model(const char *dir) {
+    kn_model *m = NULL;
+    kn_error err = {0};
+    kn_model_options o = {.n_threads = 2, .backend = getenv("KILN_TEST_BACKEND")};
+    if (kn_model_open(dir, &o, &m, &err)) {
+        CHECK(0, "open %s: %s", dir, err.msg);
+        return NULL;
+    }
+    return m;
+}
+
+/* greedy tokens and top-2 gaps after prompt */
+static int greedy(kn_model *m, const int32_t *prompt, int np, int n, int32_t *toks, double *gaps) {
+    const int V = kn_model_vocab_size(m);
+    int32_t seq[128];
+    float *lg = malloc((size_t)(np + n) * V * 4);
+    memcpy(seq, prompt, (size_t)np * 4);
+    kn_error err = {0};
+    int k = 0;
+    for (; k < n && lg; k++) {
+        if (kn_model_logits(m, seq, np + k, lg, &err)) break;
+        const float *row = lg + (size_t)(np + k - 1) * V;
+        int best = kn_sample_greedy(row, V);
+        double second = -1e300;
+        for (int i = 0; i < V; i++)
+            if (i != best && row[i] > second) second = row[i];
+        toks[k] = best, seq[np + k] = best;
+        if (gaps) gaps[k] = row[best] - second;
+    }
+    free(lg);
+    return k;
+}
+
+/* Write out: the quantized checkpoint qdir with every quantized weight
+ * dequantized to F32 (scale * q + bias in float32, as the kernels compute
+ * it), other tensors unchanged, config without the quantization block. */
+static int write_dequantized(const char *qdir, const char *out, int bits, int gs) {
+    kn_error err = {0};
+    kn_safetensors *st;
+    if (kn_st_open(qdir, &st, &err)) {
+        CHECK(0, "%s", err.msg);
+        return -1;
+    }
+    size_t n = kn_st_count(st), nd = 0;
+    kn_stw_desc *d = calloc(n, sizeof *d);
+    const kn_st_tensor **q = calloc(n, sizeof *q), **sc = calloc(n, sizeof *sc), **bi = calloc(n, sizeof *bi);
+    for (size_t i = 0; i < n; i++) {
+        const kn_st_tensor *t = kn_st_at(st, i);
+        size_t len = strlen(t->name);
+        if (len > 7 && (!strcmp(t->name + len - 7, ".scales") || !strcmp(t->name + len - 7, ".biases"))) continue;
+        d[nd] = (kn_stw_desc){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+        memcpy(d[nd].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        q[nd] = t;
+        char name[512];
+        snprintf(name, sizeof name, "%.*s.scales", (int)(len - 7), t->name);
+        sc[nd] = kn_st_find(st, name);
+        snprintf(name, sizeof name, "%.*s.biases", (int)(len - 7), t->name);
+        bi[nd] = kn_st_find(st, name);
+        if (t->dtype == KN_DT_U32 && sc[nd] && bi[nd]) d[nd].dtype = KN_DT_F32, d[nd].shape[1] = t->shape[1] * 32 / bits;
+        nd++;
+    }
+    mkdir(out, 0777);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    kn_st_writer *w;
+    int rc = kn_st_writer_open(path, d, nd, NULL, &w, &err) ? -1 : 0;
+    for (size_t i = 0; i < nd && !rc; i++) {
+        if (d[i].dtype != KN_DT_F32 || q[i]->dtype != KN_DT_U32) {
+            rc = kn_st_writer_put(w, q[i]->data, q[i]->nbytes, &err) ? -1 : 0;
+            continue;
+        }
+        const int64_t rows = d[i].shape[0], cols = d[i].shape[1], G = cols / gs, words = q[i]->shape[1];
+        float *f = malloc((size_t)(rows * cols) * 4), *s = malloc((size_t)G * 4), *b = malloc((size_t)G * 4);
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t g = 0; g < G; g++)
+                s[g] = kn_load_f32(sc[i]->data, sc[i]->dtype, r * G + g),
+                b[g] = kn_load_f32(bi[i]->data, bi[i]->dtype, r * G + g);
+            uint32_t *row = malloc((size_t)words * 4);
+            memcpy(row, (const uint8_t *)q[i]->data + (size_t)(r * words) * 4, (size_t)words * 4);
+            kn_quant_dequant_row(row, s, b, cols, gs, bits, f + r * cols);
+            free(row);
+        }
+        rc = kn_st_writer_put(w, f, (size_t)(rows * cols) * 4, &err) ? -1 : 0;
+        free(f), free(s), free(b);
+    }
+    if (!rc) rc = kn_st_writer_close(w, &err) ? -1 : 0;
+    else kn_st_writer_abort(w);
+    CHECK(!rc, "writing %s: %s", path, err.msg);
+    kn_st_close(st);
+    free(d), free(q), free(sc), free(bi);
+    /* config: the original's (no quantization block) */
+    char src[1024];
+    snprintf(src, sizeof src, "%s/config.json", qdir);
+    json_error_t je;
+    json_t *cfg = json_load_file(src, 0, &je);
+    if (!cfg) return -1;
+    json_object_del(cfg, "quantization");
+    json_object_del(cfg, "quantization_config");
+    snprintf(path, sizeof path, "%s/config.json", out);
+    json_dump_file(cfg, path, JSON_INDENT(1));
+    json_decref(cfg);
+    return rc;
+}
+
+static void check_fixture(const char *name, int bits, int gs, double kl_tol) {
+    char dir[1024], qdir[1024], ddir[1024], tmpl[] = "/tmp/kiln_quant_XXXXXX";
+    snprintf(dir, sizeof dir, "%s/%s", kn_test_fixtures(), name);
+    char *tmp = mkdtemp(tmpl);
+    if (!tmp) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    snprintf(qdir, sizeof qdir, "%s/q", tmp);
+    snprintf(ddir, sizeof ddir, "%s/deq", tmp);
+    reference ref;
+    if (load_reference(dir, &ref)) {
+        CHECK(0, "%s: no reference.json", dir);
+        return;
+    }
+    kn_error err = {0};
+    kn_quantize_opts o = {.bits = bits, .group_size = gs};
+    kn_quantize_stats stats;
+    if (kn_quantize_checkpoint(dir, qdir, &o, &stats, &err)) {
+        CHECK(0, "quantize %s: %s", name, err.msg);
+        return;
+    }
+    CHECK(stats.n_quantized > 0, "%s: nothing quantized", name);
+    kn_model *qm = open_model(qdir), *fm = open_model(dir);
+    if (!qm || !fm) return;
+    const int V = kn_model_vocab_size(qm), n = ref.n_ids;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/logits.npy", dir);
+    float *want = NULL, *got = malloc((size_t)n * V * 4), *deq = malloc((size_t)n * V * 4);
+    int nd;
+    int64_t sh[4];
+    CHECK(kn_npy_read_f32(path, &want, &nd, sh, &err) == KN_OK && nd == 2 && sh[0] == n && sh[1] == V, "%s: %s", path,
+          err.msg);
+    CHECK(kn_model_logits(qm, ref.ids, n, got, &err) == KN_OK, "%s: logits: %s", name, err.msg);
+    double kl = want ? mean_kl(want, got, n, V) : INFINITY, maxd = 0, scale = 0;
+    for (size_t i = 0; want && i < (size_t)n * V; i++) {
+        double dd = fabs((double)got[i] - want[i]);
+        maxd = dd > maxd || isnan(dd) ? dd : maxd;
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    }
+    CHECK(kl <= kl_tol, "%s %d-bit g%d: mean KL vs fp32 %.3g > %.3g", name, bits, gs, kl, kl_tol);
+    /* greedy agreement until the first near-tie of the fp32 model */
+    int32_t tq[24], tf[24];
+    double gaps[24];
+    int nq = greedy(qm, ref.prompt, ref.n_prompt, 24, tq, NULL), nf = greedy(fm, ref.prompt, ref.n_prompt, 24, tf, gaps);
+    int agree = 0, tie = -1;
+    for (int k = 0; k < nq && k < nf; k++) {
+        if (gaps[k] < 2 * maxd) {
+            tie = k;
+            break;
+        }
+        if (tq[k] != tf[k]) break;
+        agree++;
+    }
+    int limit = tie < 0 ? (nq < nf ? nq : nf) : tie;
+    CHECK(agree >= limit, "%s %d-bit g%d: greedy differs from fp32 at step %d before the first near-tie (%d)", name,
+          bits, gs, agree, tie);
+    /* dequantized-f32 model: same logits up to rounding */
+    double maxe = 0, gscale = 0;
+    if (!write_dequantized(qdir, ddir, bits, gs)) {
+        kn_model *dm = open_model(ddir);
+        if (dm) {
+            CHECK(kn_model_logits(dm, ref.ids, n, deq, &err) == KN_OK, "%s deq: logits: %s", name, err.msg);
+            for (size_t i = 0; i < (size_t)n * V; i++) {
+                double dd = fabs((double)got[i] - deq[i]);
+                maxe = dd > maxe || isnan(dd) ? dd : maxe;
+                gscale = fabs(deq[i]) > gscale ? fabs(deq[i]) : gscale;
+            }
+            CHECK(maxe <= 1e-4 * gscale, "%s %d-bit g%d: quantized vs dequantized-f32 max |d| %.3g > 1e-4 x %.3g", name,
+                  bits, gs, maxe, gscale);
+            kn_model_close(dm);
+        }
+    }
+    printf("%-8s %d-bit g%-3d: mean KL vs fp32 %.2e, max|dlogit| %.3f, greedy agrees %d/%d (near-tie at %d), "
+           "vs dequantized f32 %.1e rel; %.1f KiB -> %.1f KiB\n",
+           name, bits, gs, kl, maxd, agree, nf, tie, maxe / (gscale > 0 ? gscale : 1), stats.bytes_in / 1024,
+           stats.bytes_out / 1024);
+    /* refusals: OUT_DIR exists; --force overwrites; re-quantizing */
+    CHECK(kn_quantize_checkpoint(dir, qdir, &o, NULL, &err) == KN_ERR_INVALID_ARG, "existing OUT_DIR accepted");
+    kn_quantize_opts of = o;
+    of.force = 1;
+    CHECK(kn_quantize_checkpoint(dir, qdir, &of, NULL, &err) == KN_OK, "--force: %s", err.msg);
+    CHECK(kn_quantize_checkpoint(qdir, ddir, &of, NULL, &err) == KN_ERR_UNSUPPORTED, "re-quantizing accepted");
+    kn_model_close(qm), kn_model_close(fm);
+    free(want), free(got), free(deq);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK(system(cmd) == 0, "cleanup %s", tmp);
+}
+
+int main(void) {
+    test_round_trip();
+    kn_error err = {0};
+    kn_quantize_opts o = {.bits = 4, .group_size = 64};
+    CHECK(kn_quantize_checkpoint("/nonexistent/model", "/tmp/kiln_q_never", &o, NULL, &err) == KN_ERR_IO,
+          "unreadable input accepted");
+    o.bits = 3;
+    CHECK(kn_quantize_checkpoint("/nonexistent/model", "/tmp/kiln_q_never", &o, NULL, &err) == KN_ERR_UNSUPPORTED,
+          "3-bit accepted");
+    const char *fx[] = {"qwen3", "llama"};
+    for (int i = 0; i < 2; i++) {
+        check_fixture(fx[i], 8, 64, 2e-3);
+        check_fixture(fx[i], 4, 64, 5e-2);
+        check_fixture(fx[i], 4, 32, 5e-2);
+    }
+    return kn_test_done("test_quant");
+}

@@ -75,7 +75,7 @@ test-asan: deps-test npm-deps
 # libFuzzer over the safetensors header parser and the audio decoder, bounded time, seed corpus
 # copied so findings never land in the tree; any crash fails the target.
 fuzz: deps-test
-	CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DKILN_FUZZ=ON
+	CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DKILN_FUZZ=ON
 	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_safetensors fuzz_tokenizer fuzz_tokenizer_load
 	rm -rf $(BUILD_FUZZ)/corpus && cp -r tests/fuzz/corpus_safetensors $(BUILD_FUZZ)/corpus
 	./$(BUILD_FUZZ)/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \

@@ -1,5 +1,5 @@
 /* cmd_serve.c — `kiln serve MODEL [--host H] [--port P] [--max-batch N]
- * [--max-queue N] [--ctx N] [--api-key KEY] [--max-body BYTES] [--prefix-cache-mb N]
+ * [--max-queue N] [--ctx N] [--api-key KEY] [--max-body BYTES] [--prefix-cache-mb N] [--kv-mb N]
  * [--served-model-name NAME] [--backend cpu|cuda] [--threads N]`, or
  * `kiln serve --synthetic CONFIG.json ...` (random weights, for benchmarks). */
 #include <stdio.h>
@@ -37,6 +37,7 @@ int kn_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) rc = kn_parse_int(a, v, 16, 1 << 24, &n, &err), o.max_context = (int)n;
         else if (!strcmp(a, "--max-body")) rc = kn_parse_int(a, v, 1024, 1L << 30, &n, &err), o.max_body_bytes = (size_t)n;
         else if (!strcmp(a, "--api-key")) o.api_key = v;
+        else if (!strcmp(a, "--kv-mb")) rc = kn_parse_int(a, v, 1, 1L << 30, &n, &err), o.kv_mb = n;
         else if (!strcmp(a, "--prefix-cache-mb")) rc = kn_parse_int(a, v, 0, 1L << 30, &n, &err), o.prefix_cache_mb = n;
         else if (!strcmp(a, "--served-model-name")) o.model_name = v;
         else if (!strcmp(a, "--synthetic")) o.synthetic = v;

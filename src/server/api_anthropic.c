@@ -287,6 +287,7 @@ static void ant_free(kn_stream *base) {
     ant_stream *st = (ant_stream *)base;
     kn_gen_free(&st->g);
     free(st->job.prompt);
+    free(st->job.start_tool_body);
     free(st);
 }
 
@@ -345,6 +346,15 @@ void kn_api_messages(kn_srv *s, json_t *req, kn_api_reply *out) {
     messages = convert(req, &e);
     if (!messages) goto fail;
     if (kn_api_render_chat(s, messages, tools, kwargs, &job->prompt, &job->n_prompt, &job->start_reasoning, &e)) goto fail;
+    if (s->think_id < 0) job->start_reasoning = 0;
+    if (job->parse_tools && tct && (!strcmp(tct, "any") || !strcmp(tct, "tool"))) {
+        const char *name = !strcmp(tct, "tool") ? json_string_value(json_object_get(tc, "name")) : NULL;
+        if (!strcmp(tct, "tool") && !name) {
+            kn_api_fail(&e, 400, "invalid_request_error", "tool_choice", "tool_choice.name: required for type \"tool\"");
+            goto fail;
+        }
+        if (kn_api_force_tool_call(s, job, name, &e)) goto fail;
+    }
     if ((int64_t)job->n_prompt + job->gp.s.max_new_tokens > s->model->max_context) {
         kn_api_fail(&e, 400, "invalid_request_error", "max_tokens",
                     "prompt (%d tokens) + max_tokens (%d) exceed this model's context of %d tokens", job->n_prompt,

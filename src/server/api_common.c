@@ -166,3 +166,42 @@ int kn_api_render_chat(kn_srv *s, json_t *messages, json_t *tools, json_t *kwarg
     if (rc) return kn_api_fail(e, 400, "invalid_request_error", "messages", "tokenizer: %s", err.msg);
     return 0;
 }
+
+int kn_api_force_tool_call(kn_srv *s, kn_gen_job *job, const char *name, kn_api_error *e) {
+    if (!s->tok || kn_tokenizer_token_id(s->tok, "<tool_call>") < 0)
+        return kn_api_fail(e, 400, "invalid_request_error", "tool_choice",
+                           "forcing a tool call needs the <tool_call> format, which this model's tokenizer lacks; "
+                           "use tool_choice \"auto\"");
+    kn_buf text = {0}, body = {0};
+    if (job->start_reasoning) kn_buf_puts(&text, "</think>\n\n"); /* close the open think block first */
+    kn_buf_puts(&text, "<tool_call>\n");
+    if (name) {
+        json_t *js = json_string(name);
+        char *quoted = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+        json_decref(js);
+        if (!quoted) {
+            kn_buf_free(&text);
+            return kn_api_fail(e, 400, "invalid_request_error", "tool_choice", "invalid function name");
+        }
+        kn_buf_printf(&body, "{\"name\": %s, \"arguments\": ", quoted);
+        free(quoted);
+    }
+    kn_buf_puts(&body, "");
+    kn_buf_add(&text, body.data ? body.data : "", body.len);
+    int32_t *ids = NULL;
+    int n = 0;
+    kn_error err = {0};
+    kn_code rc = kn_tokenizer_encode(s->tok, text.data, text.len, 0, &ids, &n, &err);
+    int32_t *all = rc ? NULL : realloc(job->prompt, (size_t)(job->n_prompt + n) * sizeof *all);
+    if (!all || text.oom || body.oom) {
+        free(ids), kn_buf_free(&text), kn_buf_free(&body);
+        return kn_api_fail(e, 500, "server_error", NULL, "cannot encode the forced tool call: %s", err.msg);
+    }
+    memcpy(all + job->n_prompt, ids, (size_t)n * sizeof *ids);
+    job->prompt = all, job->n_prompt += n;
+    job->start_reasoning = 0;
+    free(job->start_tool_body);
+    job->start_tool_body = strdup(body.data ? body.data : "");
+    free(ids), kn_buf_free(&text), kn_buf_free(&body);
+    return job->start_tool_body ? 0 : kn_api_fail(e, 500, "server_error", NULL, "out of memory");
+}

@@ -394,6 +394,7 @@ static void oai_free(kn_stream *base) {
     oai_stream *st = (oai_stream *)base;
     kn_gen_free(&st->g);
     free(st->job.prompt);
+    free(st->job.start_tool_body);
     free(st->echo);
     json_decref(st->tool_names);
     free(st);
@@ -478,6 +479,9 @@ static void handle(kn_srv *s, json_t *req, kn_api_reply *out, int chat) {
         }
         job->parse_tools = parse;
         job->chat = 1;
+        const char *force = NULL; /* "" = any tool, else the function name */
+        if (parse && json_is_string(tc) && !strcmp(json_string_value(tc), "required")) force = "";
+        else if (parse && json_is_object(tc)) force = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
         st->tool_names = tools ? json_incref(tools) : NULL;
         json_t *ctk = json_object_get(req, "chat_template_kwargs");
         if (ctk && !json_is_null(ctk) && !json_is_object(ctk)) {
@@ -499,6 +503,7 @@ static void handle(kn_srv *s, json_t *req, kn_api_reply *out, int chat) {
         if (kn_api_render_chat(s, messages, tools, kwargs, &job->prompt, &job->n_prompt, &job->start_reasoning, &e))
             goto fail;
         if (s->think_id < 0) job->start_reasoning = 0;
+        if (force && kn_api_force_tool_call(s, job, force[0] ? force : NULL, &e)) goto fail;
     } else {
         json_t *lp = json_object_get(req, "logprobs");
         long long nlp = -1;

@@ -35,6 +35,11 @@ int kn_gen_start(kn_srv *s, const kn_gen_job *job, kn_gen_run *g, kn_api_error *
         return kn_api_fail(e, 500, "server_error", NULL, "%s", err.msg);
     }
     kn_chat_split_init(&g->split, job->chat, job->parse_tools, job->start_reasoning);
+    if (job->chat && job->start_tool_body) { /* the prompt ends inside a forced <tool_call> */
+        g->split.mode = KN_SEG_TOOL_CALL;
+        g->split.at_start = 0;
+        kn_buf_puts(&g->split.tool, job->start_tool_body);
+    }
     kn_submit_result r = kn_engine_submit(s->engine, job->prompt, job->n_prompt, &job->gp, &g->req, &err);
     if (r != KN_SUBMIT_OK) {
         kn_gen_free(g);
@@ -144,13 +149,16 @@ int kn_gen_pull(kn_gen_run *g, int conn_fd) {
     if (g->done) return 0;
     kn_token_event ev;
     int rc;
-    /* wait for the first event, watching the client */
-    while ((rc = kn_request_next(g->req, &ev, 100)) == 0)
-        if (client_gone(conn_fd)) {
+    /* wait for the first event, watching the client (also between events:
+     * a non-streaming answer writes nothing until the end) */
+    while ((rc = client_gone(conn_fd) ? -2 : kn_request_next(g->req, &ev, 100)) <= 0)
+        if (rc == -2 || (rc == 0 && client_gone(conn_fd))) {
             kn_request_cancel(g->req);
             g->finish = KN_FINISH_CANCELLED;
             g->done = 1;
             return 0;
+        } else if (rc == -1) {
+            break;
         }
     while (rc == 1) {
         record_event(g, &ev);

@@ -25,6 +25,7 @@
 
 #include "engine/synthetic.h"
 #include "io/file_util.h"
+#include "io/model_config.h"
 #include "models/model.h"
 #include "server/server_internal.h"
 
@@ -354,6 +355,35 @@ static void log_mhd(void *cls, const char *fmt, va_list ap) {
     vfprintf(stderr, fmt, ap);
 }
 
+/* The KV pool holds max_batch full contexts (so an admitted request never
+ * runs out of blocks). Without --ctx, keep it within a memory budget by
+ * shortening the context rather than failing to allocate. */
+static kn_code pick_context(const kn_server_options *o, int max_batch, int *ctx, kn_error *err) {
+    kn_model_config cfg;
+    kn_code rc = kn_config_load(o->model_dir, &cfg, err);
+    if (rc) return rc;
+    int64_t per_token = (int64_t)cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * (int64_t)sizeof(float);
+    int64_t budget = (int64_t)o->kv_mb << 20;
+    if (budget <= 0) budget = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 4;
+    int64_t fit = per_token > 0 ? budget / ((int64_t)max_batch * per_token) : 0;
+    int want = cfg.max_position_embeddings > 16384 ? 16384 : cfg.max_position_embeddings;
+    if (fit >= want) {
+        *ctx = 0; /* the model's default */
+        return KN_OK;
+    }
+    fit -= fit % 16;
+    if (fit < 256)
+        return kn_fail(err, KN_ERR_NOMEM,
+                       "a KV budget of %lld MiB holds less than 256 tokens per sequence at --max-batch %d; "
+                       "raise --kv-mb or lower --max-batch",
+                       (long long)(budget >> 20), max_batch);
+    *ctx = (int)fit;
+    fprintf(stderr, "kiln serve: context %d tokens per sequence (KV budget %lld MiB for %d sequences; --ctx or "
+                    "--kv-mb to change)\n",
+            *ctx, (long long)(budget >> 20), max_batch);
+    return KN_OK;
+}
+
 /* random weights at a config's shape (dtype from its torch_dtype) */
 static kn_code open_synthetic(const kn_server_options *o, kn_synthetic **syn, kn_model **m, kn_error *err) {
     char *text;
@@ -396,6 +426,8 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
     kn_code rc;
     kn_model_options mo = {.backend = o->backend, .n_threads = o->n_threads, .max_context = o->max_context,
                            .max_seqs = s->opt.max_batch};
+    if (!o->synthetic && o->max_context <= 0 && (rc = pick_context(o, s->opt.max_batch, &mo.max_context, err)))
+        goto done;
     struct MHD_Daemon *d = NULL;
     kn_synthetic *syn = NULL;
     char path[4096];

@@ -60,6 +60,8 @@ typedef struct {
     int start_reasoning; /* the rendered prompt ends inside <think> */
     int echo_prompt;     /* completions echo */
     int max_tokens_given;
+    char *start_tool_body; /* malloc'd; non-NULL: the prompt ends inside a forced <tool_call> whose body so far
+                              is this text (tool_choice required / named); freed by the job's owner */
 } kn_gen_job;
 
 /* Streaming state of one running generation. */
@@ -125,6 +127,10 @@ int kn_api_render_chat(kn_srv *s, json_t *messages, json_t *tools, json_t *kwarg
 /* Common sampling fields (temperature, top_p, top_k, min_p, seed, penalties,
  * stop) into job; anthropic selects its field names. */
 int kn_api_sampling(kn_srv *s, json_t *req, kn_gen_job *job, int anthropic, kn_api_error *e);
+/* tool_choice "required" (name NULL) or a named function: append
+ * "<tool_call>\n" (+ {"name": NAME, "arguments": ) to the rendered prompt so the
+ * answer starts inside a call. 400 when the model has no <tool_call> token. */
+int kn_api_force_tool_call(kn_srv *s, kn_gen_job *job, const char *name, kn_api_error *e);
 /* Random 24-hex id with prefix. */
 void kn_api_new_id(char *out, size_t n, const char *prefix);
 

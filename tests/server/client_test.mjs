@@ -213,6 +213,25 @@ await test('client disconnect mid-stream cancels and frees the KV blocks', async
   assert.ok(ok, 'the aborted request was not cancelled / its blocks not freed');
 });
 
+await test('client disconnect while waiting for a non-streaming answer cancels it', async () => {
+  const before = await metrics(B);
+  const c0 = before.get('kiln_requests_finished_total{reason="cancelled"}');
+  const ac = new AbortController();
+  const p = cb.completions.create(
+    { model: 'llama', prompt: [8, 9, 10], max_tokens: 4000, temperature: 0, ignore_eos: true }, { signal: ac.signal });
+  await until(async () => (await metrics(B)).get('kiln_running_sequences') === 1);
+  ac.abort();
+  await assert.rejects(p);
+  const ok = await until(async () => {
+    const m = await metrics(B);
+    return m.get('kiln_requests_finished_total{reason="cancelled"}') === c0 + 1 && m.get('kiln_running_sequences') === 0;
+  });
+  assert.ok(ok, 'the abandoned non-streaming request kept running');
+  const m = await metrics(B);
+  assert.ok(m.get('kiln_requests_finished_total{reason="length"}') === before.get('kiln_requests_finished_total{reason="length"}'),
+    'it ran to max_tokens instead of being cancelled');
+});
+
 await test('a full queue answers 429', async () => {
   // one runs, one waits, the rest are refused: 1000 tokens keep the only slot busy far longer
   // than the six submissions take (sanitizer builds are slow: generous client timeout)
@@ -325,6 +344,15 @@ if (C) {
     const r2 = await cc.chat.completions.create({ model: 'm', messages: msgs, tools: c.tools, temperature: 0, max_tokens: 48 });
     assert.equal(r2.usage.prompt_tokens, res.prompt_ids.length, 'round-trip prompt differs from the HF rendering');
     assert.equal(r2.choices[0].message.content, expectChat(res.greedy_text_skip_special).content);
+    // tool_choice "required" starts the answer inside <tool_call>: same call as the free answer
+    const rq = await cc.chat.completions.create(chatReq(c, { tool_choice: 'required' }));
+    assert.equal(rq.choices[0].finish_reason, 'tool_calls');
+    assert.deepEqual(rq.choices[0].message.tool_calls.map((t) => t.function), msg.tool_calls.map((t) => t.function));
+    assert.equal(rq.usage.prompt_tokens, c.prompt_ids.length + 2, 'the forced "<tool_call>\\n" should add 2 tokens');
+    // "none" leaves the tags as text
+    const rn = await cc.chat.completions.create(chatReq(c, { tool_choice: 'none' }));
+    assert.equal(rn.choices[0].message.tool_calls, undefined);
+    assert.match(rn.choices[0].message.content, /<tool_call>/);
   });
 
   await test('prefix cache: a repeated prompt reports cached_tokens and the same answer', async () => {
@@ -391,6 +419,10 @@ if (C) {
       const su = ant.messages.stream({ model: 'm', max_tokens: 48, temperature: 0, messages: tc.messages, tools });
       const fm = await su.finalMessage();
       assert.deepEqual(fm.content.filter((b) => b.type === 'tool_use').map((b) => b.input), uses.map((b) => b.input));
+      const ma = await ant.messages.create({ model: 'm', max_tokens: 48, temperature: 0, messages: tc.messages, tools,
+        tool_choice: { type: 'any' } });
+      assert.deepEqual(ma.content.filter((b) => b.type === 'tool_use').map((b) => [b.name, b.input]),
+        uses.map((b) => [b.name, b.input]));
     }
     await expectStatus(ant.messages.create({ model: 'm', max_tokens: 'x', messages: cap.messages }), 400, Anthropic.BadRequestError);
   });

@@ -99,6 +99,38 @@ ALWAYS_INLINE void dot_row2(const float *x0, const float *x1, const void *w, int
     *r0 = s0, *r1 = s1;
 }
 
+/* Four x rows against weight row n: each weight vector is loaded and
+ * converted once for four rows (batched decode). Same per-row accumulation
+ * order as dot_row, so results do not depend on the batch. 16 accumulators
+ * exceed the 16 ymm registers by the weight and x temporaries; the few
+ * spills stay in L1 and cost less than re-streaming the weight row. */
+ALWAYS_INLINE void dot_row4(const float *x, int64_t ldx, const void *w, int64_t K, int64_t n, kn_dtype dt,
+                            float *r) {
+    __m256 a[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm256_setzero_ps();
+    const int64_t base = n * K;
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        prefetch_w(w, base + k, dt);
+        if (dt == KN_DT_F32) prefetch_w(w, base + k + 16, dt);
+        for (int j = 0; j < 4; j++) {
+            __m256 wv = load8(w, base + k + 8 * j, dt);
+            for (int i = 0; i < 4; i++)
+                a[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * ldx + k + 8 * j), wv, a[i][j]);
+        }
+    }
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv = load8(w, base + k, dt);
+        for (int i = 0; i < 4; i++) a[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * ldx + k), wv, a[i][0]);
+    }
+    for (int i = 0; i < 4; i++) r[i] = hsum(_mm256_add_ps(_mm256_add_ps(a[i][0], a[i][1]), _mm256_add_ps(a[i][2], a[i][3])));
+    for (; k < K; k++) {
+        float wv = wat(w, base + k, dt);
+        for (int i = 0; i < 4; i++) r[i] += x[i * ldx + k] * wv;
+    }
+}
+
 ALWAYS_INLINE void gemv_t(const float *x, int M, const kn_weight *wt, const float *bias, float *out, int64_t n0,
                           int64_t n1, kn_dtype dt) {
     const int64_t K = wt->cols, N = wt->rows;
@@ -106,6 +138,11 @@ ALWAYS_INLINE void gemv_t(const float *x, int M, const kn_weight *wt, const floa
     for (int64_t n = n0; n < n1; n++) {
         const float b = bias ? bias[n] : 0.0f;
         int m = 0;
+        for (; m + 3 < M; m += 4) {
+            float r[4];
+            dot_row4(x + (int64_t)m * K, K, w, K, n, dt, r);
+            for (int i = 0; i < 4; i++) out[(int64_t)(m + i) * N + n] = r[i] + b;
+        }
         for (; m + 1 < M; m += 2) {
             float r0, r1;
             dot_row2(x + (int64_t)m * K, x + (int64_t)(m + 1) * K, w, K, n, dt, &r0, &r1);

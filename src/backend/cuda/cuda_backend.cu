@@ -275,6 +275,24 @@ __device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
     unpack8w<DT>(*(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2)), f);
 }
 
+/* acc[m] += f[0..per) . x[m, k..k+per) for the M rows of x (float4 loads) */
+template <int DT, int M>
+__device__ __forceinline__ void dot_rows(const float *f, const float *__restrict__ x, int64_t K, int64_t k,
+                                         float *acc) {
+    const int per = DT == KN_DT_F32 ? 4 : 8;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float4 *xm = (const float4 *)(x + (int64_t)m * K + k);
+        float4 a = __ldg(xm);
+        float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
+        if (per == 8) {
+            float4 b = __ldg(xm + 1);
+            s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
+        }
+        acc[m] += s;
+    }
+}
+
 /* M is a template parameter so the accumulators stay in registers and the
  * four 16-byte weight loads of an unrolled step are issued back to back. */
 template <int DT, int M>
@@ -306,33 +324,13 @@ __global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const
             for (int u = 0; u < U; u++) {
                 float f[8];
                 unpack8w<DT>(raw[u], f);
-#pragma unroll
-                for (int m = 0; m < M; m++) {
-                    const float4 *xm = (const float4 *)(x + (int64_t)m * K + k + u * step);
-                    float4 a = __ldg(xm);
-                    float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
-                    if (per == 8) {
-                        float4 b = __ldg(xm + 1);
-                        s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
-                    }
-                    acc[m] += s;
-                }
+                dot_rows<DT, M>(f, x, K, k + u * step, acc);
             }
         }
         for (; k + per <= K; k += step) {
             float f[8];
             load8w<DT>(w, row + k, f);
-#pragma unroll
-            for (int m = 0; m < M; m++) {
-                const float4 *xm = (const float4 *)(x + (int64_t)m * K + k);
-                float4 a = __ldg(xm);
-                float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
-                if (per == 8) {
-                    float4 b = __ldg(xm + 1);
-                    s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
-                }
-                acc[m] += s;
-            }
+            dot_rows<DT, M>(f, x, K, k, acc);
         }
     } else {
         for (int64_t k = lane; k < K; k += 32) {

@@ -143,6 +143,14 @@ int main(void) {
           "gemma4_text: per-layer head dims, last layer forced global, k=v, KV sharing, PLE, MoE block, proportional rope: %s",
           err.msg);
 
+    CHECK(parse("{\"model_type\": \"gemma4_text\", " BASE ", \"head_dim\": 16, \"hidden_size_per_layer_input\": 0, "
+                "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"per_layer_config\": {\"full_attention\": "
+                "{\"head_dim\": 64, \"num_key_value_heads\": 2}, \"0\": {\"head_dim\": 8}}}", NULL, &c, &err) == KN_OK &&
+              c.layer_head_dim[0] == 8 && c.layer_head_dim[1] == 64 && c.layer_kv_heads[1] == 2 && c.ple_dim == 0,
+          "gemma4 per_layer_config by type and by index: %s", err.msg);
+    expect_error("{\"model_type\": \"gemma4_text\", " BASE ", \"head_dim\": 16, \"global_head_dim\": 7}", KN_ERR_FORMAT,
+                 "head_dim 7");
+
     expect_error("{\"model_type\": \"bert\", " BASE "}", KN_ERR_UNSUPPORTED, "llama, mistral, qwen2, qwen3, phi3");
     expect_error("{" BASE "}", KN_ERR_FORMAT, "model_type");
     expect_error("{\"model_type\": \"llama\", \"hidden_size\": 64}", KN_ERR_FORMAT, "vocab_size");

@@ -591,14 +591,20 @@ static int parse_layer_shapes(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     if (plc && json_is_object(plc)) {
         const char *key;
         json_t *v;
+        /* entries keyed by layer index, or by layer type (applies to every layer of that type) */
         json_object_foreach(plc, key, v) {
+            if (!json_is_object(v)) continue;
             char *end;
-            long i = strtol(key, &end, 10);
-            if (*end || i < 0 || i >= cfg->n_layers || !json_is_object(v)) continue; /* per-type entries: rope only */
-            int hd = cfg->layer_head_dim[i], kv = cfg->layer_kv_heads[i];
-            if (get_int(c, v, "head_dim", hd, &hd) || get_int(c, v, "num_key_value_heads", kv, &kv)) return -1;
-            cfg->layer_head_dim[i] = (uint16_t)(hd > 0 && hd <= 1024 ? hd : 0);
-            cfg->layer_kv_heads[i] = (uint16_t)(kv > 0 && kv <= 4096 ? kv : 0);
+            long idx = strtol(key, &end, 10);
+            int by_type = !strcmp(key, "full_attention") ? 0 : !strcmp(key, "sliding_attention") ? 1 : -1;
+            if ((*end || idx < 0 || idx >= cfg->n_layers) && by_type < 0) continue;
+            for (int i = 0; i < cfg->n_layers; i++) {
+                if (by_type >= 0 ? cfg->layer_sliding[i] != by_type : i != idx) continue;
+                int hd = cfg->layer_head_dim[i], kv = cfg->layer_kv_heads[i];
+                if (get_int(c, v, "head_dim", hd, &hd) || get_int(c, v, "num_key_value_heads", kv, &kv)) return -1;
+                cfg->layer_head_dim[i] = (uint16_t)(hd > 0 && hd <= 1024 ? hd : 0);
+                cfg->layer_kv_heads[i] = (uint16_t)(kv > 0 && kv <= 4096 ? kv : 0);
+            }
         }
     }
     for (int i = 0; i < cfg->n_layers; i++) {

@@ -86,22 +86,6 @@ static double max_abs(const float *x, size_t n) {
     return m;
 }
 
-/* mean over rows of KL(softmax(p) || softmax(q)) */
-static double mean_kl(const float *p, const float *q, int rows, int V) {
-    double total = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *a = p + (size_t)r * V, *b = q + (size_t)r * V;
-        double ma = -1e300, mb = -1e300, sa = 0, sb = 0, kl = 0;
-        for (int i = 0; i < V; i++) ma = a[i] > ma ? a[i] : ma, mb = b[i] > mb ? b[i] : mb;
-        for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sb += exp(b[i] - mb);
-        for (int i = 0; i < V; i++) {
-            double la = a[i] - ma - log(sa), lb = b[i] - mb - log(sb);
-            kl += exp(la) * (la - lb);
-        }
-        total += kl;
-    }
-    return total / rows;
-}
 
 /* Token-by-token decode through the cache: logits for every position. */
 static kn_code incremental_logits(kn_model *m, const int32_t *ids, int n, float *out, kn_error *err) {
@@ -175,7 +159,7 @@ static void check_fixture(const char *name) {
         printf("%-14s fp32 max|dlogit| %.2e (%.2e of max|logit| %.2f)", name, maxd, maxd / scale, scale);
     } else {
         float *hf_bf16 = load_npy(dir, ref.logits_bf16_file, n, V);
-        double kl = mean_kl(want, got, n, V), kl_hf = hf_bf16 ? mean_kl(want, hf_bf16, n, V) : NAN;
+        double kl = kn_test_mean_kl(want, got, n, V), kl_hf = hf_bf16 ? kn_test_mean_kl(want, hf_bf16, n, V) : NAN;
         CHECK(kl <= 2e-3, "%s: mean KL vs fp32 %.3g > 2e-3", name, kl);
         printf("%-14s bf16 mean KL vs fp32 %.2e (transformers bf16: %.2e)", name, kl, kl_hf);
         free(hf_bf16);
@@ -190,7 +174,7 @@ static void check_fixture(const char *name) {
     if (is_bf16 && m->be->matmul_x_rounding_min_rows) {
         /* prefill rounds activations to bf16 for tensor-core GEMMs, decode
          * does not: the two agree to bf16 precision, judged like bf16 itself */
-        double kli = mean_kl(got, inc, n, V);
+        double kli = kn_test_mean_kl(got, inc, n, V);
         CHECK(kli <= 2e-3, "%s: incremental vs prefill mean KL %.3g > 2e-3", name, kli);
         printf(", incremental KL %.2e", kli);
     } else {

@@ -96,21 +96,6 @@ static int load_reference(const char *dir, reference *r) {
     return r->n_ids > 0 && r->n_prompt > 0 ? 0 : -1;
 }
 
-static double mean_kl(const float *p, const float *q, int rows, int V) {
-    double total = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *a = p + (size_t)r * V, *b = q + (size_t)r * V;
-        double ma = -1e300, mb = -1e300, sa = 0, sb = 0, kl = 0;
-        for (int i = 0; i < V; i++) ma = a[i] > ma ? a[i] : ma, mb = b[i] > mb ? b[i] : mb;
-        for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sb += exp(b[i] - mb);
-        for (int i = 0; i < V; i++) {
-            double la = a[i] - ma - log(sa), lb = b[i] - mb - log(sb);
-            kl += exp(la) * (la - lb);
-        }
-        total += kl;
-    }
-    return total / rows;
-}
 
 static kn_model *open_model(const char *dir) {
     kn_model *m = NULL;
@@ -250,7 +235,7 @@ static void check_fixture(const char *name, int bits, int gs, double kl_tol) {
     CHECK(kn_npy_read_f32(path, &want, &nd, sh, &err) == KN_OK && nd == 2 && sh[0] == n && sh[1] == V, "%s: %s", path,
           err.msg);
     CHECK(kn_model_logits(qm, ref.ids, n, got, &err) == KN_OK, "%s: logits: %s", name, err.msg);
-    double kl = want ? mean_kl(want, got, n, V) : INFINITY, maxd = 0, scale = 0;
+    double kl = want ? kn_test_mean_kl(want, got, n, V) : INFINITY, maxd = 0, scale = 0;
     for (size_t i = 0; want && i < (size_t)n * V; i++) {
         double dd = fabs((double)got[i] - want[i]);
         maxd = dd > maxd || isnan(dd) ? dd : maxd;

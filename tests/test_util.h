@@ -35,6 +35,23 @@ static inline float kn_test_rand(uint64_t *s) {
     return (float)((*s >> 40) & 0xffffff) / 8388608.0f - 1.0f;
 }
 
+/* mean over rows of KL(softmax(p) || softmax(q)) of two [rows, V] logit sets */
+static inline double kn_test_mean_kl(const float *p, const float *q, int rows, int V) {
+    double total = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *a = p + (size_t)r * V, *b = q + (size_t)r * V;
+        double ma = -1e300, mb = -1e300, sa = 0, sb = 0, kl = 0;
+        for (int i = 0; i < V; i++) ma = a[i] > ma ? a[i] : ma, mb = b[i] > mb ? b[i] : mb;
+        for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sb += exp(b[i] - mb);
+        for (int i = 0; i < V; i++) {
+            double la = a[i] - ma - log(sa), lb = b[i] - mb - log(sb);
+            kl += exp(la) * (la - lb);
+        }
+        total += kl;
+    }
+    return total / rows;
+}
+
 static inline const char *kn_test_fixtures(void) {
     const char *d = getenv("KILN_FIXTURES");
     return d ? d : "tests/fixtures";

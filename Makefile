@@ -52,6 +52,8 @@ build: deps
 demo: build
 	@echo "== kiln run: greedy continuation of 16 ids on the bundled tiny Qwen3 fixture"
 	./$(BUILD)/kiln run tests/fixtures/qwen3 --ids 17,100,42,311,7,250,19,64 -n 24
+	@echo "== kiln run --chat: the bundled tiny chat model (trained tokenizer + chat template) answers a question"
+	./$(BUILD)/kiln run tests/fixtures/server_chat --chat -p "What is the capital of France?" -n 16
 	@echo "== kiln logits -> /tmp/kiln-demo-logits.npy"
 	./$(BUILD)/kiln logits tests/fixtures/llama --ids 17,100,42,311 --out /tmp/kiln-demo-logits.npy
 	@echo "== kiln bench: synthetic 443M-parameter Llama shape (bf16), CPU"

@@ -5,19 +5,7 @@
 set -u
 KILN=$1
 FIX=$2
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-
-# expect_error CODE_NONZERO "needle" -- command...
-expect_error() {
-    needle=$1; shift
-    if "$@" >"$TMP/out" 2>"$TMP/err"; then fail "expected failure: $*"; return; fi
-    lines=$(wc -l <"$TMP/err")
-    [ "$lines" -eq 1 ] || fail "expected one stderr line, got $lines: $*"
-    grep -q -- "$needle" "$TMP/err" || fail "stderr lacks '$needle': $(cat "$TMP/err")"
-}
+. "$(dirname "$0")/cli_lib.sh"
 
 # greedy ids from a fixture's reference.json, space-separated
 ref_list() { tr -d '\n' <"$1/reference.json" | sed -n "s/.*\"$2\": *\[\([^]]*\)\].*/\1/p" | tr -d ' ' | tr ',' ' '; }

@@ -7,17 +7,7 @@ KILN=$1
 FIX=$2
 W=$FIX/whisper
 JFK=$FIX/audio/jfk.wav
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-expect_error() {
-    needle=$1; shift
-    if "$@" >"$TMP/out" 2>"$TMP/err"; then fail "expected failure: $*"; return; fi
-    lines=$(wc -l <"$TMP/err")
-    [ "$lines" -eq 1 ] || fail "expected one stderr line, got $lines: $*"
-    grep -q -- "$needle" "$TMP/err" || fail "stderr lacks '$needle': $(cat "$TMP/err")"
-}
+. "$(dirname "$0")/cli_lib.sh"
 [ -f "$W/reference.json" ] || { echo "FAIL: missing fixture $W (tools/fixtures/gen_whisper.py)" >&2; exit 1; }
 
 # mel: float32 [n_mels, 3000]

@@ -573,12 +573,13 @@ static jnode *parse_not(parser *P) {
     return parse_compare(P);
 }
 
-static jnode *parse_and(parser *P) {
-    jnode *l = parse_not(P);
-    while (l && is_name(cur(P), "and")) {
+/* a left-associative chain `x WORD y WORD z` of one boolean operator */
+static jnode *parse_bool_chain(parser *P, const char *word, jnode_kind kind, jnode *(*next)(parser *)) {
+    jnode *l = next(P);
+    while (l && is_name(cur(P), word)) {
         int line = cur(P)->line;
         adv(P);
-        jnode *r = parse_not(P), *n = r ? nnew(P, E_AND, line) : NULL;
+        jnode *r = next(P), *n = r ? nnew(P, kind, line) : NULL;
         if (!n) return NULL;
         n->a = l;
         n->b = r;
@@ -587,19 +588,8 @@ static jnode *parse_and(parser *P) {
     return l;
 }
 
-static jnode *parse_or(parser *P) {
-    jnode *l = parse_and(P);
-    while (l && is_name(cur(P), "or")) {
-        int line = cur(P)->line;
-        adv(P);
-        jnode *r = parse_and(P), *n = r ? nnew(P, E_OR, line) : NULL;
-        if (!n) return NULL;
-        n->a = l;
-        n->b = r;
-        l = n;
-    }
-    return l;
-}
+static jnode *parse_and(parser *P) { return parse_bool_chain(P, "and", E_AND, parse_not); }
+static jnode *parse_or(parser *P) { return parse_bool_chain(P, "or", E_OR, parse_and); }
 
 static jnode *parse_expression(parser *P, int with_condexpr) {
     if (enter(P)) return NULL;

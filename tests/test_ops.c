@@ -42,6 +42,70 @@ static int close_to(double got, double ref, double mag, double tol) {
     return !isnan(got) && fabs(got - ref) <= tol * mag + 1e-6;
 }
 
+/* fused_matmul (optional op): rms_norm prologue and SwiGLU epilogue against
+ * a float64 reference of the separate ops. Skipped where the backend has no
+ * such op or declines the shape (then the model runs the separate ops). */
+static void test_fused_matmul(kn_dtype dt, int M, int N, int K, int with_norm, int epi, int with_bias) {
+    if (!be->vt->fused_matmul) return;
+    const size_t esz = kn_dtype_size(dt);
+    const int out_n = epi == KN_EPI_SWIGLU ? N / 2 : N;
+    const float eps = 1e-5f;
+    float *x = malloc((size_t)M * K * 4), *g = malloc((size_t)K * 4), *bias = malloc((size_t)N * 4);
+    float *out = malloc((size_t)M * out_n * 4), *wf = malloc((size_t)N * K * 4);
+    void *wraw = malloc((size_t)N * K * esz);
+    fill(x, (int64_t)M * K, 2.0f);
+    fill(g, K, 1.0f);
+    fill(bias, N, 0.5f);
+    for (int64_t i = 0; i < (int64_t)N * K; i++) {
+        float v = kn_test_rand(&seed);
+        if (dt == KN_DT_F32) ((float *)wraw)[i] = v;
+        else if (dt == KN_DT_BF16) ((uint16_t *)wraw)[i] = kn_f32_to_bf16(v);
+        else ((uint16_t *)wraw)[i] = kn_f32_to_f16(v);
+        wf[i] = kn_load_f32(wraw, dt, i);
+    }
+    kn_weight w;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load(be, dt, N, K, wraw, 0, &w, &err) == KN_OK, "weight_load: %s", err.msg);
+    poison(out, (int64_t)M * out_n);
+    float *dx = dev(x, (size_t)M * K * 4), *dg = dev(g, (size_t)K * 4), *db = dev(bias, (size_t)N * 4);
+    float *dout = dev(out, (size_t)M * out_n * 4);
+    int done = be->vt->fused_matmul(be, dx, M, with_norm ? dg : NULL, eps, &w, with_bias ? db : NULL, dout, epi);
+    back(out, dout, (size_t)M * out_n * 4);
+    kn_be_free(be, dx), kn_be_free(be, dg), kn_be_free(be, db);
+    if (done) {
+        double *y = malloc((size_t)N * sizeof(double)), *mag = malloc((size_t)N * sizeof(double));
+        int bad = 0;
+        for (int m = 0; m < M && bad < 3; m++) {
+            double ss = 0, inv = 1.0;
+            for (int k = 0; k < K; k++) ss += (double)x[m * K + k] * x[m * K + k];
+            if (with_norm) inv = 1.0 / sqrt(ss / K + eps);
+            for (int n = 0; n < N; n++) {
+                y[n] = with_bias ? bias[n] : 0.0, mag[n] = fabs(y[n]);
+                for (int k = 0; k < K; k++) {
+                    double xv = x[m * K + k] * (with_norm ? inv * g[k] : 1.0);
+                    y[n] += xv * wf[(int64_t)n * K + k], mag[n] += fabs(xv * wf[(int64_t)n * K + k]);
+                }
+            }
+            for (int n = 0; n < out_n && bad < 3; n++) {
+                double ref = y[n], tol_mag = mag[n];
+                if (epi == KN_EPI_SWIGLU) {
+                    const double gt = y[n], up = y[n + out_n];
+                    ref = gt / (1.0 + exp(-gt)) * up;
+                    tol_mag = (mag[n] + fabs(gt)) * (fabs(up) + mag[n + out_n]);
+                }
+                if (!close_to(out[(int64_t)m * out_n + n], ref, tol_mag, 4e-6 * sqrt(K + 1.0))) {
+                    bad++;
+                    CHECK(0, "fused_matmul %s M=%d N=%d K=%d norm=%d epi=%d bias=%d at [%d,%d]: got %g want %g",
+                          kn_dtype_name(dt), M, N, K, with_norm, epi, with_bias, m, n, out[(int64_t)m * out_n + n], ref);
+                }
+            }
+        }
+        free(y), free(mag);
+    }
+    kn_be_weight_free(be, &w);
+    free(x), free(g), free(bias), free(out), free(wf), free(wraw);
+}
+
 static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
     size_t esz = kn_dtype_size(dt);
     float *x = malloc((size_t)M * K * 4), *out = malloc((size_t)M * N * 4), *bias = malloc((size_t)N * 4);
@@ -815,6 +879,13 @@ int main(void) {
             for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
                 for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) test_matmul(dts[d], Ms[a], Ns[b], Ks[c], (a + b + c) % 2);
     test_matmul(KN_DT_BF16, 130, 300, 1030, 1); /* several KC blocks and M tiles */
+    for (int m = 1; m <= 2; m++) { /* decode fusions (CUDA GEMV): norm prologue, SwiGLU epilogue, odd N */
+        test_fused_matmul(KN_DT_BF16, m, 74, 1024, 1, KN_EPI_NONE, 1);
+        test_fused_matmul(KN_DT_F32, m, 37, 520, 1, KN_EPI_NONE, 0);
+        test_fused_matmul(KN_DT_F16, m, 90, 4096, 1, KN_EPI_SWIGLU, 0);
+        test_fused_matmul(KN_DT_BF16, m, 42, 776, 0, KN_EPI_SWIGLU, 1);
+        test_fused_matmul(KN_DT_BF16, m, 40, 12, 1, KN_EPI_NONE, 0); /* K % 8 != 0: may decline */
+    }
     test_quant_ops();
     test_rms_norm(1, 1, 64);
     test_rms_norm(5, 4, 32);
@@ -839,6 +910,10 @@ int main(void) {
     test_attention_q(8, 1, 128, 200, 33, 0, 64, KN_DT_BF16, 0.0f);
     test_attention_q(16, 2, 64, 120, 5, 48, 100, KN_DT_F16, 0.0f);
     test_attention_q(8, 2, 64, 100, 20, 0, 50, KN_DT_F32, 1.5f); /* soft-capping on the GEMM path */
+    /* fused tensor-core prefill (CUDA): several 64-query / 64-key tiles, GQA 4, hd 256 with window + softcap */
+    test_attention_q(16, 4, 128, 400, 9, 0, 300, KN_DT_BF16, 0.0f);
+    test_attention_q(4, 4, 256, 300, 17, 40, 100, KN_DT_BF16, 30.0f);
+    test_attention_q(8, 2, 64, 300, 20, 100, 130, KN_DT_F16, 0.0f);
     test_swiglu_softmax_embed();
     test_layer_norm(1, 64, 1);
     test_layer_norm(6, 384, 1);

@@ -233,7 +233,17 @@ typedef struct kn_backend_vtbl {
      * weight, kept packed (scales/biases widened to f32). matmul, matmul_add
      * and embed then accept it. */
     kn_code (*weight_load_quant)(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
+    /* optional (NULL, or returns 0 having enqueued nothing: the caller runs the
+     * separate ops): one fused decode-shaped matmul over M rows of x,
+     *   y = rms_norm(x; norm_w, eps) . W^T + bias   (norm_w NULL: y = x . W^T + bias)
+     * epilogue KN_EPI_NONE: out [M, W rows] = y; KN_EPI_SWIGLU: W's first half
+     * of rows are gate, the second half up, out [M, rows/2] = silu(gate) * up.
+     * Numerically the same as rms_norm, matmul (and swiglu) in sequence. */
+    int (*fused_matmul)(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
+                        const float *bias, float *out, int epilogue);
 } kn_backend_vtbl;
+
+enum { KN_EPI_NONE = 0, KN_EPI_SWIGLU = 1 };
 
 struct kn_backend {
     const kn_backend_vtbl *vt;
@@ -246,6 +256,9 @@ struct kn_backend {
     /* fraction of the device's memory this process may fill (weights, KV
      * cache, scratch); 0 = 0.9. Used where memory_info exists. */
     double memory_fraction;
+    /* tokens per prefill forward this backend runs best with (larger GEMMs
+     * fill a GPU); 0 = the model's default (512) */
+    int prefill_chunk;
 };
 
 /* Create a backend by name ("cpu", or "cuda" in builds with KILN_CUDA).

@@ -29,7 +29,8 @@
 #include "models/moe.h"
 #include "models/rope.h"
 
-#define MAX_CHUNK 512
+#define MAX_CHUNK 2048     /* most tokens one forward takes (backends ask for fewer) */
+#define DEFAULT_CHUNK 512  /* a backend without a preference */
 #define MAX_LOGIT_ROWS 16
 
 typedef kn_norm_names norm_names;
@@ -291,9 +292,11 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
     const kn_model_config *c = &m->cfg;
     m->max_context = max_context;
     m->max_seqs = max_seqs;
-    m->max_chunk = MAX_CHUNK;
+    m->max_chunk = be->prefill_chunk > 0 && be->prefill_chunk < MAX_CHUNK ? be->prefill_chunk
+                   : be->prefill_chunk > 0                                 ? MAX_CHUNK
+                                                                           : DEFAULT_CHUNK;
     /* a decode step of every sequence fits one logits chunk */
-    m->logits_rows = max_seqs > MAX_LOGIT_ROWS ? (max_seqs < MAX_CHUNK ? max_seqs : MAX_CHUNK) : MAX_LOGIT_ROWS;
+    m->logits_rows = max_seqs > MAX_LOGIT_ROWS ? (max_seqs < m->max_chunk ? max_seqs : m->max_chunk) : MAX_LOGIT_ROWS;
     kn_code rc = KN_OK;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     m->kvl = calloc((size_t)c->n_layers, sizeof *m->kvl);
@@ -475,10 +478,11 @@ static void project_residual(kn_model *m, const float *in, int n, const kn_weigh
     residual_add(m, m->tmp, post_norm, n);
 }
 
-/* feed-forward of xn[n, H] into out[n, H]; with may_fuse (nothing between
+/* feed-forward of xn[n, H] into out[n, H] (rms_w: xn is not normalized yet,
+ * RMSNorm with that weight comes first); with may_fuse (nothing between
  * it and a plain residual add) the down projection adds into x directly where
  * the backend fuses that, and 1 is returned */
-static int mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *out, int may_fuse) {
+static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms_w, int n, float *out, int may_fuse) {
     const kn_model_config *c = &m->cfg;
     kn_backend *be = m->be;
     const kn_backend_vtbl *op = be->vt;
@@ -487,10 +491,20 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *ou
         kn_moe_forward(m, L, xn, n, out);
         return 0;
     }
-    op->matmul(be, xn, n, &L->gate_up, L->gate_up_bias, m->gu);
-    if (!c->mlp_gated) op->gelu(be, m->gu, (int64_t)n * I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
-    else if (c->act == KN_ACT_SILU) op->swiglu(be, m->gu, n, I, m->act);
-    else op->geglu(be, m->gu, n, I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
+    /* decode: RMSNorm, gate_up and SwiGLU as one kernel where the backend has it */
+    if (!(c->mlp_gated && c->act == KN_ACT_SILU && op->fused_matmul &&
+          op->fused_matmul(be, xn, n, rms_w, (float)c->rms_norm_eps, &L->gate_up, L->gate_up_bias, m->act,
+                           KN_EPI_SWIGLU))) {
+        if (rms_w) {
+            norm_rows(m, xn, m->xn, n, rms_w, NULL);
+            xn = m->xn;
+        }
+        op->matmul(be, xn, n, &L->gate_up, L->gate_up_bias, m->gu);
+        if (!c->mlp_gated)
+            op->gelu(be, m->gu, (int64_t)n * I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
+        else if (c->act == KN_ACT_SILU) op->swiglu(be, m->gu, n, I, m->act);
+        else op->geglu(be, m->gu, n, I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
+    }
     if (may_fuse && op->matmul_add) {
         op->matmul_add(be, m->act, n, &L->down, L->down_bias, m->x);
         return 1;
@@ -525,11 +539,15 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
         const int hd = L->head_dim, qs = L->qkv_stride, shared = L->kv_source != l;
         /* attention */
         const float *in = m->x;
-        if (L->attn_norm) {
-            norm_rows(m, m->x, m->xn, n, L->attn_norm, L->attn_norm_b);
-            in = m->xn;
+        /* decode: RMSNorm and the qkv projection as one kernel where the backend has it */
+        if (!(L->attn_norm && !c->layer_norm && op->fused_matmul &&
+              op->fused_matmul(be, m->x, n, L->attn_norm, eps, &L->qkv, L->qkv_bias, m->qkv, KN_EPI_NONE))) {
+            if (L->attn_norm) {
+                norm_rows(m, m->x, m->xn, n, L->attn_norm, L->attn_norm_b);
+                in = m->xn;
+            }
+            op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
         }
-        op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
         float *q = m->qkv, *k = m->qkv + L->q_dim, *v = k + L->kv_dim;
         if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
             op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
@@ -560,12 +578,14 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
         project_residual(m, m->attn, n, &L->o, L->o_bias, L->post_attn_norm);
         /* feed-forward */
         in = m->x;
-        if (L->mlp_norm) {
+        const float *mlp_rms = NULL; /* RMSNorm left to mlp() (it may fuse it) */
+        if (L->mlp_norm && !c->layer_norm && !L->is_moe) mlp_rms = L->mlp_norm;
+        else if (L->mlp_norm) {
             norm_rows(m, m->x, m->xn, n, L->mlp_norm, L->mlp_norm_b);
             in = m->xn;
         }
         const int may_fuse = !L->post_mlp_norm && c->residual_scale == 1.0 && !(L->is_moe && c->moe_parallel);
-        if (!mlp(m, L, in, n, m->tmp, may_fuse)) {
+        if (!mlp(m, L, in, mlp_rms, n, m->tmp, may_fuse)) {
             if (L->is_moe && c->moe_parallel) { /* gemma4: MoE block beside the dense MLP, both on the residual */
                 norm_rows(m, m->tmp, m->tmp, n, L->moe_post_norm1, NULL);
                 kn_moe_gemma4_forward(m, L, m->x, n, m->xn, m->tmp2);
@@ -588,8 +608,11 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
     for (int r0 = 0; r0 < b->n_logits; r0 += m->logits_rows) {
         int nr = b->n_logits - r0 < m->logits_rows ? b->n_logits - r0 : m->logits_rows;
         op->gather_rows(be, m->x, H, m->d_rows + r0, nr, m->xn);
-        norm_rows(m, m->xn, m->xn, nr, m->final_norm, m->final_norm_b);
-        op->matmul(be, m->xn, nr, &m->lm_head, NULL, m->logits);
+        if (!(!c->layer_norm && op->fused_matmul &&
+              op->fused_matmul(be, m->xn, nr, m->final_norm, eps, &m->lm_head, NULL, m->logits, KN_EPI_NONE))) {
+            norm_rows(m, m->xn, m->xn, nr, m->final_norm, m->final_norm_b);
+            op->matmul(be, m->xn, nr, &m->lm_head, NULL, m->logits);
+        }
         const int64_t len = (int64_t)nr * c->vocab_size;
         if (c->logit_scale != 1.0) op->scale(be, m->logits, len, (float)c->logit_scale);
         if (c->final_softcap > 0) op->softcap(be, m->logits, len, (float)c->final_softcap);

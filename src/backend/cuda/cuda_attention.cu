@@ -277,6 +277,7 @@ static int attention_gemm_run(kn_backend *be, const kn_attention_args *a, int t0
 
 /* One run through the GEMM path, split into sub-runs that bound S. */
 static int attention_gemm(kn_backend *be, const kn_attention_args *a, int t0, int len) {
+    if (kn_cuda_flash_prefill(be, a, t0, len)) return 1; /* fused tensor-core kernel (bf16/f16) */
     const int p_last = a->pos_host[t0] + len - 1;
     size_t per_row = (size_t)a->n_heads * (size_t)(p_last + 1);
     int sub = (int)(ATT_GEMM_MAX_SCORES / per_row);

@@ -6,7 +6,7 @@
  * block tables) go through pinned staging memory asynchronously. Weights live
  * in device memory in their checkpoint dtype (F32/BF16/F16) and are widened
  * to f32 in registers.
- *   matmul M <= 2 : GEMV, one warp per output row, 16-byte weight loads
+ *   matmul M <= 2 : GEMV (cuda_gemv.cu), with RMSNorm / SwiGLU fusions
  *   matmul M > 2  : cuBLAS tensor-core GEMM (cuda_gemm.cu); a tiled SIMT
  *                   kernel remains as the fallback
  *   attention     : flash-style paged GQA attention with split-K for decode
@@ -204,6 +204,7 @@ static kn_code cu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_t
 /* ---- kernels --------------------------------------------------------- */
 
 __global__ void k_embed(const void *t, int dt, int64_t rows, int64_t d, const int32_t *ids, float *out) {
+    kn_pdl_trigger();
     int i = blockIdx.x;
     int64_t row = ids[i];
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
@@ -234,6 +235,7 @@ __device__ float block_max(float v, float *sh) {
 
 __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, int groups, int dim, const float *w,
                            float eps) {
+    kn_pdl_trigger();
     __shared__ float sh[32];
     int r = blockIdx.x / groups, g = blockIdx.x % groups;
     const float *xi = x + r * xs + (int64_t)g * dim;
@@ -243,132 +245,6 @@ __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, i
     ss = block_sum(ss, sh);
     float inv = 1.0f / sqrtf(ss / dim + eps);
     for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = w[j] * (xi[j] * inv);
-}
-
-/* Decode-shaped matmul: one warp per output column n, up to GEMV_MAX_M x rows read
- * through L1 (x is tiny and shared by every warp). Weights stream with 16-byte
- * loads (8 bf16/f16 or 4 f32 per lane per step), x with float4 loads, when
- * rows are 16-byte aligned (K % 8 == 0, aligned bases), else one element per
- * lane. */
-#define GEMV_MAX_M 2
-template <int DT>
-__device__ __forceinline__ void unpack8w(uint4 u, float *f) {
-    if (DT == KN_DT_F32) {
-        f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
-        return;
-    }
-    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        if (DT == KN_DT_BF16) {
-            f[2 * j] = __uint_as_float(v[j] << 16);
-            f[2 * j + 1] = __uint_as_float(v[j] & 0xffff0000u);
-        } else {
-            __half2 h = *(const __half2 *)&v[j];
-            float2 ff = __half22float2(h);
-            f[2 * j] = ff.x, f[2 * j + 1] = ff.y;
-        }
-    }
-}
-template <int DT>
-__device__ __forceinline__ void load8w(const void *w, int64_t i, float *f) {
-    unpack8w<DT>(*(const uint4 *)((const char *)w + i * (DT == KN_DT_F32 ? 4 : 2)), f);
-}
-
-/* acc[m] += f[0..per) . x[m, k..k+per) for the M rows of x (float4 loads) */
-template <int DT, int M>
-__device__ __forceinline__ void dot_rows(const float *f, const float *__restrict__ x, int64_t K, int64_t k,
-                                         float *acc) {
-    const int per = DT == KN_DT_F32 ? 4 : 8;
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        const float4 *xm = (const float4 *)(x + (int64_t)m * K + k);
-        float4 a = __ldg(xm);
-        float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
-        if (per == 8) {
-            float4 b = __ldg(xm + 1);
-            s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
-        }
-        acc[m] += s;
-    }
-}
-
-/* M is a template parameter so the accumulators stay in registers and the
- * four 16-byte weight loads of an unrolled step are issued back to back. */
-template <int DT, int M>
-__global__ void __launch_bounds__(256) k_gemv(const float *__restrict__ x, const void *__restrict__ w, int64_t N,
-                                              int64_t K, const float *__restrict__ bias, float *__restrict__ out,
-                                              int accumulate) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
-    if (n >= N) return;
-    float acc[M];
-#pragma unroll
-    for (int m = 0; m < M; m++) acc[m] = 0.0f;
-    const int per = DT == KN_DT_F32 ? 4 : 8; /* elements per 16-byte load */
-    const int64_t row = n * K;
-    if (K % 8 == 0 && (((uintptr_t)x | (uintptr_t)w) & 15) == 0) {
-        int64_t k = (int64_t)lane * per;
-        const int64_t step = 32 * per;
-        /* U 16-byte weight loads in flight per lane before any is consumed
-         * (streamed past L1/L2 so x stays cached): deeper for small M, where
-         * registers allow, since a decode GEMV is latency-bound per warp */
-        constexpr int U = M <= 2 ? 8 : 4;
-        const char *wb = (const char *)w;
-        const int esz = DT == KN_DT_F32 ? 4 : 2;
-        for (; k + (U - 1) * step + per <= K; k += U * step) {
-            uint4 raw[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) raw[u] = __ldcs((const uint4 *)(wb + (row + k + u * step) * esz));
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                float f[8];
-                unpack8w<DT>(raw[u], f);
-                dot_rows<DT, M>(f, x, K, k + u * step, acc);
-            }
-        }
-        for (; k + per <= K; k += step) {
-            float f[8];
-            load8w<DT>(w, row + k, f);
-            dot_rows<DT, M>(f, x, K, k, acc);
-        }
-    } else {
-        for (int64_t k = lane; k < K; k += 32) {
-            float wv = load_w(w, row + k, DT);
-#pragma unroll
-            for (int m = 0; m < M; m++) acc[m] += __ldg(x + (int64_t)m * K + k) * wv;
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        float v = acc[m];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-        if (lane == 0) {
-            float r = v + (bias ? bias[n] : 0.0f);
-            if (accumulate) out[(int64_t)m * N + n] += r;
-            else out[(int64_t)m * N + n] = r;
-        }
-    }
-}
-
-template <int DT>
-static void gemv_dt(cudaStream_t s, const float *x, int M, const void *w, int64_t N, int64_t K, const float *bias,
-                    float *out, int accumulate) {
-    const int warps = 8;
-    unsigned blocks = (unsigned)((N + warps - 1) / warps);
-    switch (M) {
-#define GEMV_CASE(mm)                                                                                                  \
-    case mm: k_gemv<DT, mm><<<blocks, warps * 32, 0, s>>>(x, w, N, K, bias, out, accumulate); break;
-        GEMV_CASE(1) GEMV_CASE(2) /* GEMV_MAX_M: beyond 2 rows x traffic dominates; cuBLAS wins */
-#undef GEMV_CASE
-    }
-}
-
-static void gemv(cudaStream_t s, const float *x, int M, const kn_weight *w, const float *bias, float *out,
-                 int accumulate) {
-    if (w->dtype == KN_DT_BF16) gemv_dt<KN_DT_BF16>(s, x, M, w->data, w->rows, w->cols, bias, out, accumulate);
-    else if (w->dtype == KN_DT_F16) gemv_dt<KN_DT_F16>(s, x, M, w->data, w->rows, w->cols, bias, out, accumulate);
-    else gemv_dt<KN_DT_F32>(s, x, M, w->data, w->rows, w->cols, bias, out, accumulate);
 }
 
 /* 64x64 tile of out, 16x16 threads, 4x4 per thread, k-step 16 */
@@ -407,6 +283,7 @@ __global__ void k_gemm(const float *x, int M, const void *w, int dt, int64_t N, 
 
 __global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
                        int rot_dim, float scale) {
+    kn_pdl_trigger();
     int t = blockIdx.x, half = rot_dim / 2;
     for (int idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
         int h = idx / half, i = idx % half;
@@ -421,6 +298,7 @@ __global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, cons
 
 __global__ void k_kv_write(float *kc, float *vc, const float *k, const float *v, int64_t stride, int64_t w,
                            const int32_t *slots) {
+    kn_pdl_trigger();
     int t = blockIdx.x;
     for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
         kc[(int64_t)slots[t] * w + j] = k[t * stride + j];
@@ -429,6 +307,7 @@ __global__ void k_kv_write(float *kc, float *vc, const float *k, const float *v,
 }
 
 __global__ void k_swiglu(const float *gu, int64_t n_total, int dim, float *out) {
+    kn_pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_total) return;
     int64_t r = i / dim, j = i % dim;
@@ -469,11 +348,13 @@ __global__ void k_geglu(const float *gu, int64_t n_total, int dim, float *out, i
 }
 
 __global__ void k_add(float *y, const float *x, int64_t n) {
+    kn_pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
 
 __global__ void k_gather(const float *x, int64_t dim, const int32_t *rows, float *out) {
+    kn_pdl_trigger();
     int i = blockIdx.x;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) out[i * dim + j] = x[(int64_t)rows[i] * dim + j];
 }
@@ -543,8 +424,8 @@ static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, co
         kn_cuda_qmatmul(be, x, M, w, bias, out, accumulate);
         return;
     }
-    if (M <= GEMV_MAX_M) gemv(S, x, M, w, bias, out, accumulate);
-    else if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out, accumulate)) {
+    if (M <= KN_CUDA_GEMV_MAX_M && kn_cuda_gemv(be, x, M, w, bias, out, accumulate, NULL, 0.0f, KN_EPI_NONE)) return;
+    if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out, accumulate)) {
         dim3 grid((unsigned)((w->rows + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
         k_gemm<<<grid, 256, 0, S>>>(x, M, w->data, w->dtype, w->rows, w->cols, bias, out, accumulate);
     }
@@ -554,6 +435,11 @@ static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w,
 }
 static void cu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     matmul(be, x, M, w, bias, out, 1);
+}
+static int cu_fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
+                           const float *bias, float *out, int epilogue) {
+    if (M > KN_CUDA_GEMV_MAX_M) return 0; /* GEMM-shaped: the separate ops are as fast */
+    return kn_cuda_gemv(be, x, M, w, bias, out, 0, norm_w, eps, epilogue);
 }
 static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
                     const int32_t *pos, const kn_rope_table *r) {
@@ -620,6 +506,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
     kn_cuda_mul_rows,
     kn_cuda_weight_load_quant, /* cuda_quant.cu */
+    cu_fused_matmul,
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {
@@ -633,9 +520,13 @@ extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_er
     c->base.vt = &cuda_vtbl;
     c->base.n_threads = n_threads;
     c->base.max_positions = 0; /* flash attention: any context length */
-    c->base.matmul_x_rounding_min_rows = GEMV_MAX_M + 1;
+    c->base.matmul_x_rounding_min_rows = KN_CUDA_GEMV_MAX_M + 1;
+    c->base.prefill_chunk = 2048; /* M = 2048 GEMMs: two full waves of 128x256 tiles at N = 4096 */
     cudaGetDevice(&c->device);
     cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device);
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+    c->pdl = major >= 9 && !getenv("KILN_NO_PDL");
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
         free(c);
         return kn_fail(err, KN_ERR_BACKEND, "cuda backend: cannot create a stream");

@@ -35,6 +35,7 @@ typedef struct {
         cudaGraphExec_t exec; /* NULL: seen once, not recorded yet */
     } graphs[KN_CUDA_MAX_GRAPHS];
     int n_graphs, graphs_disabled, capturing;
+    int pdl; /* programmatic dependent launch in use (sm_90+, KILN_NO_PDL unset) */
 } kn_cuda_backend;
 
 /* The stream every op of this backend is enqueued on. */
@@ -51,6 +52,10 @@ void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes);
 
 /* Op families implemented in their own files. */
 void kn_cuda_attention(kn_backend *be, const kn_attention_args *a);
+/* Tokens [t0, t0 + len) of a — one sequence, consecutive positions — through
+ * the fused tensor-core prefill kernel (cuda_flash_prefill.cu). 0 when the
+ * shape/dtype is not covered (nothing enqueued). */
+int kn_cuda_flash_prefill(kn_backend *be, const kn_attention_args *a, int t0, int len);
 /* out[M,N] = x[M,K] . W^T (+ bias) through cuBLAS (tensor cores for
  * bf16/f16 weights; x is rounded to the weight dtype; f32 weights use exact
  * f32 GEMM); accumulate adds to out. Returns 0 when cuBLAS is unavailable so the caller falls back. */
@@ -84,5 +89,49 @@ __device__ __forceinline__ float kn_cuda_load_w(const void *w, int64_t i, int dt
     if (dt == KN_DT_BF16) return __bfloat162float(((const __nv_bfloat16 *)w)[i]);
     return __half2float(((const __half *)w)[i]);
 }
+
+
+/* ---- programmatic dependent launch (Hopper) ----
+ * A kernel started through kn_cuda_launch may begin while the previous kernel
+ * of the stream is finishing. It must call kn_pdl_wait() before it reads
+ * anything an earlier kernel wrote or writes anything an earlier kernel may
+ * still read; before that it may only read immutable data (weights).
+ * kn_pdl_trigger() lets the next kernel start early. Both are no-ops before
+ * sm_90 and when the kernel was launched the ordinary way. */
+__device__ __forceinline__ void kn_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kn_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launch kernel k on the backend's stream, as a programmatic dependent
+ * launch where the backend uses them (the kernel must follow the rules
+ * above). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kn_cuda_launch(kn_backend *be, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                         Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem;
+    cfg.stream = ((kn_cuda_backend *)be)->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = ((kn_cuda_backend *)be)->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
+}
+
+/* Decode-shaped matmul (cuda_gemv.cu) for M <= KN_CUDA_GEMV_MAX_M rows of x:
+ * out = epi(rms_norm(x; norm_w, eps) . W^T + bias) (norm_w NULL: no norm;
+ * accumulate adds into out; epi as backend.h's fused_matmul). Returns 0,
+ * having enqueued nothing, for shapes it does not cover. */
+#define KN_CUDA_GEMV_MAX_M 2
+int kn_cuda_gemv(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                 int accumulate, const float *norm_w, float eps, int epi);
 
 #endif

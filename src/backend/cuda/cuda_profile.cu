@@ -95,6 +95,16 @@ static void p_matmul_add(kn_backend *be, const float *x, int M, const kn_weight 
     P.real->matmul_add(be, x, M, w, bias, out);
     end(be, i);
 }
+static int p_fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
+                          const float *bias, float *out, int epi) {
+    char name[64];
+    snprintf(name, sizeof name, "fused%s%s M=%d N=%lld K=%lld", norm_w ? "_norm" : "", epi ? "_swiglu" : "", M,
+             (long long)w->rows, (long long)w->cols);
+    int i = begin(be, name);
+    int done = P.real->fused_matmul(be, x, M, norm_w, eps, w, bias, out, epi);
+    end(be, i);
+    return done;
+}
 static void p_sync(kn_backend *be) {
     P.real->sync(be);
     harvest();
@@ -128,7 +138,7 @@ const kn_backend_vtbl *kn_cuda_profile_vtbl(const kn_backend_vtbl *real) {
     prof_vt.embed = p_embed, prof_vt.rms_norm = p_rms_norm, prof_vt.matmul = p_matmul, prof_vt.matmul_add = p_matmul_add, prof_vt.rope = p_rope;
     prof_vt.kv_write = p_kv_write, prof_vt.attention = p_attention, prof_vt.swiglu = p_swiglu, prof_vt.add = p_add;
     prof_vt.gather_rows = p_gather_rows, prof_vt.sync = p_sync, prof_vt.download = p_download;
-    prof_vt.destroy = p_destroy;
+    prof_vt.destroy = p_destroy, prof_vt.fused_matmul = p_fused_matmul;
     prof_vt.graph_replay = NULL, prof_vt.graph_begin = NULL, prof_vt.graph_end = NULL;
     return &prof_vt;
 }

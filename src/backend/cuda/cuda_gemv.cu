@@ -1,0 +1,265 @@
+/* cuda_gemv.cu — decode-shaped matmuls (1–2 rows of x) on the GPU, at the
+ * memory-bandwidth floor as far as one kernel gets there.
+ *
+ * One warp per output column n streams weight row n with 16-byte loads
+ * (8 bf16/f16 or 4 f32 per lane per step), U loads in flight per lane before
+ * any is consumed, bypassing L1/L2 residency (__ldcs) so x stays cached. x is
+ * widened f32 and read through L1 (or shared memory, below).
+ *
+ * Fusions that remove whole kernels from a decode step:
+ *   - RMSNorm prologue: every block normalizes x (sum of squares, then
+ *     x * inv * w) into shared memory and multiplies from there.
+ *   - SwiGLU epilogue: a warp streams gate row n and up row n + N together
+ *     and writes silu(gate) * up, so the activation never round-trips.
+ *   - residual add: accumulate adds into out (the o / down projections).
+ *
+ * Programmatic dependent launch (sm_90): the kernel is launched so that it
+ * may start while the previous kernel is still finishing; it issues its first
+ * weight loads (weights never depend on earlier kernels), then waits for the
+ * previous grid (griddepcontrol.wait) before reading x. Every kernel of this
+ * file also signals its own dependents early. */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+#define GEMV_WARPS 8
+#define GEMV_MAX_SMEM (160 << 10)
+
+template <int DT>
+__device__ __forceinline__ void unpack8w(uint4 u, float *f) {
+    if (DT == KN_DT_F32) {
+        f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+        return;
+    }
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (DT == KN_DT_BF16) {
+            f[2 * j] = __uint_as_float(v[j] << 16);
+            f[2 * j + 1] = __uint_as_float(v[j] & 0xffff0000u);
+        } else {
+            __half2 h = *(const __half2 *)&v[j];
+            float2 ff = __half22float2(h);
+            f[2 * j] = ff.x, f[2 * j + 1] = ff.y;
+        }
+    }
+}
+
+/* acc[m] += f[0..per) . x[m, k..k+per) for the M rows of x; SH: x is in
+ * shared memory (plain loads), else global through the read-only path */
+template <int DT, int M, bool SH>
+__device__ __forceinline__ void dot_rows(const float *f, const float *__restrict__ x, int64_t K, int64_t k,
+                                         float *acc) {
+    const int per = DT == KN_DT_F32 ? 4 : 8;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float4 *xm = (const float4 *)(x + (int64_t)m * K + k);
+        float4 a = SH ? xm[0] : __ldg(xm);
+        float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
+        if (per == 8) {
+            float4 b = SH ? xm[1] : __ldg(xm + 1);
+            s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
+        }
+        acc[m] += s;
+    }
+}
+
+/* Aligned rows (K % 8 == 0, 16-byte aligned x / w / norm_w). N = output
+ * columns (for SwiGLU: half of W's rows). */
+template <int DT, int M, int NORM, int EPI>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv(const float *__restrict__ x, const void *__restrict__ w, int64_t N, int64_t K, const float *__restrict__ bias,
+           float *__restrict__ out, int accumulate, const float *__restrict__ norm_w, float eps) {
+    extern __shared__ float4 gemv_smem[];
+    __shared__ float red[GEMV_WARPS];
+    constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1; /* weight rows per warp */
+    constexpr int per = DT == KN_DT_F32 ? 4 : 8;     /* elements per 16-byte load */
+    constexpr int esz = DT == KN_DT_F32 ? 4 : 2;
+    constexpr int U = NR == 1 ? 8 : 4; /* 16-byte loads in flight per row */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp, step = 32 * per;
+    const bool active = n < N;
+    const char *wb = (const char *)w;
+    int64_t rowe[NR];
+    rowe[0] = n * K;
+    if (NR == 2) rowe[NR - 1] = (n + N) * K;
+    kn_pdl_trigger();
+
+    /* the first batch of weight loads, before waiting on the previous kernel */
+    int64_t k = (int64_t)lane * per;
+    uint4 raw[NR][U];
+    bool have = active && k + (U - 1) * step + per <= K;
+    if (have)
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int u = 0; u < U; u++) raw[r][u] = __ldcs((const uint4 *)(wb + (rowe[r] + k + u * step) * esz));
+    kn_pdl_wait();
+
+    float acc[NR][M];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
+    const float *xs = (const float *)gemv_smem;
+    if (NORM) { /* x -> rms_norm(x) * norm_w in shared memory */
+        float *xw = (float *)gemv_smem;
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + (int64_t)m * K;
+            float ss = 0.0f;
+            for (int64_t j = (int64_t)threadIdx.x * 4; j < K; j += GEMV_WARPS * 32 * 4) {
+                float4 v = __ldg((const float4 *)(xm + j));
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) red[warp] = ss;
+            __syncthreads();
+            float tot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < GEMV_WARPS; i++) tot += red[i];
+            __syncthreads();
+            const float inv = 1.0f / sqrtf(tot / (float)K + eps);
+            for (int64_t j = (int64_t)threadIdx.x * 4; j < K; j += GEMV_WARPS * 32 * 4) {
+                float4 v = __ldg((const float4 *)(xm + j)), g = __ldg((const float4 *)(norm_w + j));
+                *(float4 *)(xw + (int64_t)m * K + j) =
+                    make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv));
+            }
+        }
+        __syncthreads();
+    }
+    if (active) {
+        for (; k + (U - 1) * step + per <= K; k += U * step) {
+            if (!have)
+#pragma unroll
+                for (int r = 0; r < NR; r++)
+#pragma unroll
+                    for (int u = 0; u < U; u++)
+                        raw[r][u] = __ldcs((const uint4 *)(wb + (rowe[r] + k + u * step) * esz));
+            have = false;
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    float f[8];
+                    unpack8w<DT>(raw[r][u], f);
+                    if (NORM) dot_rows<DT, M, true>(f, xs, K, k + u * step, acc[r]);
+                    else dot_rows<DT, M, false>(f, x, K, k + u * step, acc[r]);
+                }
+        }
+        for (; k + per <= K; k += step)
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                float f[8];
+                unpack8w<DT>(*(const uint4 *)(wb + (rowe[r] + k) * esz), f);
+                if (NORM) dot_rows<DT, M, true>(f, xs, K, k, acc[r]);
+                else dot_rows<DT, M, false>(f, x, K, k, acc[r]);
+            }
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float v[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                v[r] = acc[r][m];
+                for (int o = 16; o > 0; o >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+            }
+            if (lane == 0) {
+                if (EPI == KN_EPI_SWIGLU) {
+                    const float g = v[0] + (bias ? bias[n] : 0.0f), u = v[NR - 1] + (bias ? bias[n + N] : 0.0f);
+                    out[(int64_t)m * N + n] = g / (1.0f + expf(-g)) * u;
+                } else {
+                    const float r = v[0] + (bias ? bias[n] : 0.0f);
+                    if (accumulate) out[(int64_t)m * N + n] += r;
+                    else out[(int64_t)m * N + n] = r;
+                }
+            }
+        }
+    }
+}
+
+/* Any K / alignment: one element per lane (no fusions). */
+template <int M>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv_any(const float *__restrict__ x, const void *__restrict__ w,
+                                                              int dt, int64_t N, int64_t K, const float *__restrict__ bias,
+                                                              float *__restrict__ out, int accumulate) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp;
+    kn_pdl_trigger();
+    kn_pdl_wait();
+    if (n >= N) return;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    for (int64_t k = lane; k < K; k += 32) {
+        float wv = kn_cuda_load_w(w, n * K + k, dt);
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[m] += __ldg(x + (int64_t)m * K + k) * wv;
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        float v = acc[m];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) {
+            float r = v + (bias ? bias[n] : 0.0f);
+            if (accumulate) out[(int64_t)m * N + n] += r;
+            else out[(int64_t)m * N + n] = r;
+        }
+    }
+}
+
+template <int DT, int M, int NORM, int EPI>
+static int launch_gemv(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
+                       int accumulate, const float *norm_w, float eps) {
+    const int64_t K = w->cols;
+    const size_t smem = (size_t)NORM * (size_t)M * (size_t)K * sizeof(float);
+    static size_t smem_allowed = 48 << 10; /* per instantiation */
+    if (NORM && (int64_t)smem > (int64_t)GEMV_MAX_SMEM) return 0;
+    if (NORM && smem > smem_allowed) {
+        if (cudaFuncSetAttribute(k_gemv<DT, M, NORM, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 GEMV_MAX_SMEM) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        smem_allowed = GEMV_MAX_SMEM;
+    }
+    const unsigned blocks = (unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS);
+    return kn_cuda_launch(be, k_gemv<DT, M, NORM, EPI>, dim3(blocks), dim3(GEMV_WARPS * 32), smem, x, w->data, N, K,
+                          bias, out, accumulate, norm_w, eps) == cudaSuccess;
+}
+
+template <int DT, int M>
+static int gemv_m(kn_backend *be, const float *x, const kn_weight *w, const float *bias, float *out, int accumulate,
+                  const float *norm_w, float eps, int epi) {
+    if (epi == KN_EPI_SWIGLU)
+        return norm_w ? launch_gemv<DT, M, 1, KN_EPI_SWIGLU>(be, x, w, w->rows / 2, bias, out, 0, norm_w, eps)
+                      : launch_gemv<DT, M, 0, KN_EPI_SWIGLU>(be, x, w, w->rows / 2, bias, out, 0, norm_w, eps);
+    return norm_w ? launch_gemv<DT, M, 1, KN_EPI_NONE>(be, x, w, w->rows, bias, out, accumulate, norm_w, eps)
+                  : launch_gemv<DT, M, 0, KN_EPI_NONE>(be, x, w, w->rows, bias, out, accumulate, norm_w, eps);
+}
+
+template <int DT>
+static int gemv_dt(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                   int accumulate, const float *norm_w, float eps, int epi) {
+    return M == 1 ? gemv_m<DT, 1>(be, x, w, bias, out, accumulate, norm_w, eps, epi)
+                  : gemv_m<DT, 2>(be, x, w, bias, out, accumulate, norm_w, eps, epi);
+}
+
+int kn_cuda_gemv(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                 int accumulate, const float *norm_w, float eps, int epi) {
+    if (M < 1 || M > KN_CUDA_GEMV_MAX_M || w->bits) return 0;
+    if (epi == KN_EPI_SWIGLU && (w->rows % 2 || accumulate)) return 0;
+    const int aligned = w->cols % 8 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w->data & 15) == 0 &&
+                        ((uintptr_t)norm_w & 15) == 0;
+    if (!aligned) {
+        if (norm_w || epi != KN_EPI_NONE) return 0;
+        const unsigned blocks = (unsigned)((w->rows + GEMV_WARPS - 1) / GEMV_WARPS);
+        cudaError_t e = M == 1 ? kn_cuda_launch(be, k_gemv_any<1>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, x,
+                                                w->data, (int)w->dtype, w->rows, w->cols, bias, out, accumulate)
+                               : kn_cuda_launch(be, k_gemv_any<2>, dim3(blocks), dim3(GEMV_WARPS * 32), 0, x,
+                                                w->data, (int)w->dtype, w->rows, w->cols, bias, out, accumulate);
+        return e == cudaSuccess;
+    }
+    if (w->dtype == KN_DT_BF16) return gemv_dt<KN_DT_BF16>(be, x, M, w, bias, out, accumulate, norm_w, eps, epi);
+    if (w->dtype == KN_DT_F16) return gemv_dt<KN_DT_F16>(be, x, M, w, bias, out, accumulate, norm_w, eps, epi);
+    return gemv_dt<KN_DT_F32>(be, x, M, w, bias, out, accumulate, norm_w, eps, epi);
+}

@@ -2,54 +2,78 @@
  * (FlashAttention-2 style): a run of consecutive positions of one sequence
  * attends to its paged K/V without materializing scores in global memory.
  *
- * One block of 4 warps per (64-query tile, query head). The block walks the
- * tile's keys in tiles of 64: K and V rows are gathered from the paged cache
- * through the block table into shared memory (rounded to the compute dtype,
- * bf16 or f16), each warp computes S = Q K^T for its 16 query rows on tensor
- * cores (WMMA 16x16x16, f32 accumulate), applies scale, soft-cap and the
- * causal / sliding-window mask in f32, and updates a running max m and sum l
- * per row (online softmax). P = exp(S - m) is rounded to the compute dtype and
- * O += P V runs on tensor cores; O lives in shared memory as f32 so that rows
- * can be rescaled when m grows. At the end O / l goes to the f32 output.
+ * One block of 4 warps per (64-query tile, query head); each warp owns 16
+ * query rows and keeps everything of them in registers: its Q fragments, the
+ * 16 x 64 score tile, the running max m and sum l per row, and the 16 x HD
+ * output accumulator. Key tiles of 64 are gathered from the paged cache
+ * through the block table into shared memory (K row-major, V transposed),
+ * rounded to the compute dtype (bf16 or f16). S = Q K^T and O += P V run as
+ * mma.sync m16n8k16 with f32 accumulation; scale, soft-cap and the causal /
+ * sliding-window mask are applied to S in f32, and the score fragments are
+ * re-packed in registers as the A operand of P V (no shared-memory trip).
  *
- * Numerics: q, k, v and the unnormalized probabilities are rounded to the
- * compute dtype (as the GEMM path rounds q/k/v/P); every sum is f32. The
- * denominator l sums the rounded probabilities, so O is an exact convex
- * combination of the rounded values.
+ * Numerics: q, k, v and the unnormalized probabilities exp(s - m) are rounded
+ * to the compute dtype (as the GEMM path rounds q/k/v/P); sums are f32; l sums
+ * the rounded probabilities, so O is a convex combination of the rounded v.
  *
  * Tiles are scheduled heaviest first (the last query tile sees the most
- * keys); a warp skips key tiles that are wholly masked for its rows. */
-#include <mma.h>
+ * keys); a warp skips key tiles that are wholly masked for its rows. Head
+ * dims 64 and 128 (others take the GEMM path). */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
 
-using namespace nvcuda;
-
-#define FP_BM 64 /* query rows per block */
+#define FP_BM 64 /* query rows per block: 16 per warp */
 #define FP_BN 64 /* keys per tile */
 #define FP_WARPS 4
 
 template <int HD>
 struct fp_layout {
-    static constexpr int LDQ = HD + 8, LDK = HD + 8, LDS = FP_BN + 4, LDP = FP_BN + 8, LDO = HD + 4;
-    static constexpr size_t q_bytes = (size_t)FP_BM * LDQ * 2, k_bytes = (size_t)FP_BN * LDK * 2;
-    static constexpr size_t s_bytes = (size_t)FP_BM * LDS * 4, p_bytes = (size_t)FP_BM * LDP * 2;
-    static constexpr size_t o_bytes = (size_t)FP_BM * LDO * 4;
-    static constexpr size_t total = q_bytes + 2 * k_bytes + s_bytes + p_bytes + o_bytes;
+    static constexpr int LDK = HD + 8, LDV = FP_BN + 8; /* +8 halves: conflict-free fragment reads */
+    static constexpr size_t k_bytes = (size_t)FP_BN * LDK * 2, v_bytes = (size_t)HD * LDV * 2;
+    static constexpr size_t total = k_bytes + v_bytes;
 };
 
+template <typename T> __device__ __forceinline__ uint32_t fp_pack(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t fp_pack<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+template <> __device__ __forceinline__ uint32_t fp_pack<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+template <typename T> __device__ __forceinline__ float fp_lo(uint32_t v);
+template <typename T> __device__ __forceinline__ float fp_hi(uint32_t v);
+template <> __device__ __forceinline__ float fp_lo<__nv_bfloat16>(uint32_t v) { return __uint_as_float(v << 16); }
+template <> __device__ __forceinline__ float fp_hi<__nv_bfloat16>(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+template <> __device__ __forceinline__ float fp_lo<__half>(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xffff))); }
+template <> __device__ __forceinline__ float fp_hi<__half>(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
 template <typename T> __device__ __forceinline__ T fp_round(float v);
 template <> __device__ __forceinline__ __nv_bfloat16 fp_round<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 template <> __device__ __forceinline__ __half fp_round<__half>(float v) { return __float2half(v); }
-template <typename T> __device__ __forceinline__ float fp_widen(T v);
-template <> __device__ __forceinline__ float fp_widen<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float fp_widen<__half>(__half v) { return __half2float(v); }
 
+/* d (16x8, f32) += a (16x16, row) . b (16x8, col): mma.sync m16n8k16 with
+ * the PTX ISA's fragment layout (g = lane / 4, t = lane % 4):
+ *   a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+ *   b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+ *   d0 (g, 2t)  d1 (g, 2t+1)  d2 (g+8, 2t)  d3 (g+8, 2t+1) */
 template <typename T>
-__device__ __forceinline__ void fp_store4(T *dst, float4 v) {
-    dst[0] = fp_round<T>(v.x), dst[1] = fp_round<T>(v.y), dst[2] = fp_round<T>(v.z), dst[3] = fp_round<T>(v.w);
+__device__ __forceinline__ void fp_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void fp_mma<__nv_bfloat16>(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void fp_mma<__half>(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* q, out: the run's first row; rows i of the run are at positions p0 + i. */
@@ -60,128 +84,131 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
                     float softcap) {
     typedef fp_layout<HD> L;
     extern __shared__ __align__(128) unsigned char fp_smem[];
-    T *Qs = (T *)fp_smem;
-    T *Ks = (T *)(fp_smem + L::q_bytes);
-    T *Vs = (T *)(fp_smem + L::q_bytes + L::k_bytes);
-    float *Ss = (float *)(fp_smem + L::q_bytes + 2 * L::k_bytes);
-    T *Ps = (T *)(fp_smem + L::q_bytes + 2 * L::k_bytes + L::s_bytes);
-    float *Os = (float *)(fp_smem + L::q_bytes + 2 * L::k_bytes + L::s_bytes + L::p_bytes);
+    T *Ks = (T *)fp_smem;                /* [key][d] */
+    T *Vt = (T *)(fp_smem + L::k_bytes); /* [d][key]: V transposed */
+    constexpr int KT = HD / 16, NT = HD / 8, ST = FP_BN / 8;
 
     const int tile = gridDim.x - 1 - blockIdx.x; /* heaviest (latest) tiles first */
-    const int h = blockIdx.y, g = h / group;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = blockIdx.y, kvh = h / group;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int i0 = tile * FP_BM, rows = len - i0 < FP_BM ? len - i0 : FP_BM;
     const int64_t kv_w = (int64_t)kv.n_kv_heads * kv.head_dim;
     const int bs = kv.block_size;
+    /* this lane's two rows (g and g + 8 of the warp's 16) */
+    const int ra = warp * 16 + g, rb = ra + 8;
+    const bool oka = ra < rows, okb = rb < rows;
+    const int pa = p0 + i0 + ra, pb = pa + 8;
 
-    /* Q tile (zero rows past the run), O = 0 */
-    for (int idx = threadIdx.x; idx < FP_BM * HD; idx += FP_WARPS * 32) { /* any q_stride: scalar loads */
-        const int r = idx / HD, c = idx % HD;
-        Qs[r * L::LDQ + c] = fp_round<T>(r < rows ? q[(int64_t)(i0 + r) * q_stride + (int64_t)h * HD + c] : 0.0f);
+    /* Q fragments, rounded to T, straight from global memory */
+    uint32_t qa[KT][4];
+    {
+        const float *qra = q + (int64_t)(i0 + ra) * q_stride + (int64_t)h * HD;
+        const float *qrb = q + (int64_t)(i0 + rb) * q_stride + (int64_t)h * HD;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            const int c = kk * 16 + 2 * t;
+            qa[kk][0] = oka ? fp_pack<T>(qra[c], qra[c + 1]) : 0u;
+            qa[kk][1] = okb ? fp_pack<T>(qrb[c], qrb[c + 1]) : 0u;
+            qa[kk][2] = oka ? fp_pack<T>(qra[c + 8], qra[c + 9]) : 0u;
+            qa[kk][3] = okb ? fp_pack<T>(qrb[c + 8], qrb[c + 9]) : 0u;
+        }
     }
-    for (int idx = threadIdx.x; idx < FP_BM * L::LDO; idx += FP_WARPS * 32) Os[idx] = 0.0f;
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f; /* l: this lane's share of the row sums */
 
-    /* keys the tile needs: [lo, hi] absolute */
-    const int pa = p0 + i0, pb = p0 + i0 + rows - 1;
-    const int lo = window > 0 && pa - window + 1 > 0 ? pa - window + 1 : 0, hi = pb;
-    /* this lane's softmax row and half of the key columns / head dims */
-    const int r = lane >> 1, half = lane & 1;
-    const int wrow = warp * 16 + r, my_i = i0 + wrow, my_p = p0 + my_i;
-    const bool row_ok = wrow < rows;
-    const int w_first = p0 + i0 + warp * 16, w_last = w_first + 15; /* positions of the warp's rows */
-    float m_i = -INFINITY, l_i = 0.0f;
-
-    for (int kt = lo; kt <= hi; kt += FP_BN) {
-        __syncthreads(); /* previous tile's K/V no longer read */
+    const int first = p0 + i0, last = p0 + i0 + rows - 1;
+    const int lo = window > 0 && first - window + 1 > 0 ? first - window + 1 : 0;
+    const int w_first = p0 + i0 + warp * 16, w_last = w_first + 15;
+    for (int kt = lo; kt <= last; kt += FP_BN) {
+        __syncthreads(); /* the previous tile is no longer read */
+        /* K rows: thread -> (key j, 4 dims), packed pairs; V: consecutive threads take consecutive keys so the
+         * transposed stores are conflict-free */
         for (int idx = threadIdx.x; idx < FP_BN * HD / 4; idx += FP_WARPS * 32) {
-            const int j = idx / (HD / 4), c = (idx % (HD / 4)) * 4, p = kt + j;
-            float4 kv4 = make_float4(0.f, 0.f, 0.f, 0.f), vv4 = kv4;
-            if (p <= hi) {
-                const int64_t off = ((int64_t)bt[p / bs] * bs + p % bs) * kv_w + (int64_t)g * HD + c;
-                kv4 = *(const float4 *)(kv.k + off);
-                vv4 = *(const float4 *)(kv.v + off);
-            }
-            fp_store4<T>(Ks + j * L::LDK + c, kv4);
-            fp_store4<T>(Vs + j * L::LDK + c, vv4);
+            int j = idx / (HD / 4), c = (idx % (HD / 4)) * 4, p = kt + j;
+            float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (p <= last) k4 = *(const float4 *)(kv.k + ((int64_t)bt[p / bs] * bs + p % bs) * kv_w + (int64_t)kvh * HD + c);
+            *(uint2 *)(Ks + j * L::LDK + c) = make_uint2(fp_pack<T>(k4.x, k4.y), fp_pack<T>(k4.z, k4.w));
+            j = idx % FP_BN, c = (idx / FP_BN) * 4, p = kt + j;
+            float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (p <= last) v4 = *(const float4 *)(kv.v + ((int64_t)bt[p / bs] * bs + p % bs) * kv_w + (int64_t)kvh * HD + c);
+            Vt[(c + 0) * L::LDV + j] = fp_round<T>(v4.x);
+            Vt[(c + 1) * L::LDV + j] = fp_round<T>(v4.y);
+            Vt[(c + 2) * L::LDV + j] = fp_round<T>(v4.z);
+            Vt[(c + 3) * L::LDV + j] = fp_round<T>(v4.w);
         }
         __syncthreads();
         /* wholly masked for this warp's rows: nothing changes */
         if (kt > w_last || (window > 0 && kt + FP_BN - 1 <= w_first - window) || warp * 16 >= rows) continue;
 
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc[FP_BN / 16];
+        float s[ST][4];
 #pragma unroll
-        for (int n = 0; n < FP_BN / 16; n++) wmma::fill_fragment(sacc[n], 0.0f);
+        for (int n = 0; n < ST; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-        for (int k = 0; k < HD / 16; k++) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-            wmma::load_matrix_sync(fa, Qs + warp * 16 * L::LDQ + k * 16, L::LDQ);
+        for (int kk = 0; kk < KT; kk++)
 #pragma unroll
-            for (int n = 0; n < FP_BN / 16; n++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
-                wmma::load_matrix_sync(fb, Ks + n * 16 * L::LDK + k * 16, L::LDK);
-                wmma::mma_sync(sacc[n], fa, fb, sacc[n]);
+            for (int n = 0; n < ST; n++) {
+                const T *kr = Ks + (n * 8 + g) * L::LDK + kk * 16 + 2 * t;
+                fp_mma<T>(s[n], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
             }
-        }
-        float *Sw = Ss + warp * 16 * L::LDS;
+        /* scale, soft-cap, mask; running max per row (the 4 lanes of a quad share rows) */
+        float mxa = -INFINITY, mxb = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < FP_BN / 16; n++) wmma::store_matrix_sync(Sw + n * 16, sacc[n], L::LDS, wmma::mem_row_major);
-        __syncwarp();
-
-        /* online softmax: lane pair (r, half) owns row r, key columns half*32..+31 */
-        float s[FP_BN / 2], mx = -INFINITY;
+        for (int n = 0; n < ST; n++)
 #pragma unroll
-        for (int c = 0; c < FP_BN / 2; c++) {
-            const int j = half * (FP_BN / 2) + c, kp = kt + j;
-            float v = Sw[r * L::LDS + j] * scale;
-            if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
-            const bool ok = row_ok && kp <= my_p && (window <= 0 || kp > my_p - window);
-            s[c] = ok ? v : -INFINITY;
-            mx = fmaxf(mx, s[c]);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        const float m_new = fmaxf(m_i, mx);
-        const float alpha = m_new == -INFINITY ? 1.0f : __expf(m_i - m_new); /* m_i = -inf -> 0 */
-        float sum = 0.0f;
-        T *Pw = Ps + warp * 16 * L::LDP;
-#pragma unroll
-        for (int c = 0; c < FP_BN / 2; c++) {
-            const T pv = fp_round<T>(s[c] == -INFINITY ? 0.0f : __expf(s[c] - m_new));
-            Pw[r * L::LDP + half * (FP_BN / 2) + c] = pv;
-            sum += fp_widen<T>(pv);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l_i = l_i * alpha + sum;
-        m_i = m_new;
-        float *Ow = Os + warp * 16 * L::LDO;
-        if (alpha != 1.0f)
-#pragma unroll 8
-            for (int d = 0; d < HD / 2; d++) Ow[r * L::LDO + half * (HD / 2) + d] *= alpha;
-        __syncwarp();
-
-        /* O += P V */
-#pragma unroll
-        for (int n = 0; n < HD / 16; n++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc;
-            wmma::load_matrix_sync(oacc, Ow + n * 16, L::LDO, wmma::mem_row_major);
-#pragma unroll
-            for (int k = 0; k < FP_BN / 16; k++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
-                wmma::load_matrix_sync(fa, Pw + k * 16, L::LDP);
-                wmma::load_matrix_sync(fb, Vs + k * 16 * L::LDK + n * 16, L::LDK);
-                wmma::mma_sync(oacc, fa, fb, oacc);
+            for (int e = 0; e < 4; e++) {
+                const int kp = kt + n * 8 + 2 * t + (e & 1), p = e < 2 ? pa : pb;
+                const bool ok = (e < 2 ? oka : okb) && kp <= p && (window <= 0 || kp > p - window);
+                float v = s[n][e] * scale;
+                if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
+                s[n][e] = ok ? v : -INFINITY;
+                if (e < 2) mxa = fmaxf(mxa, s[n][e]);
+                else mxb = fmaxf(mxb, s[n][e]);
             }
-            wmma::store_matrix_sync(Ow + n * 16, oacc, L::LDO, wmma::mem_row_major);
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+        const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
+        const float aa = na == -INFINITY ? 1.0f : __expf(ma - na), ab = nb == -INFINITY ? 1.0f : __expf(mb - nb);
+        ma = na, mb = nb;
+        /* P (rounded to T) as A fragments of the P.V product */
+        uint32_t pf[FP_BN / 16][4];
+        float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+        for (int n = 0; n < ST; n++) {
+            const float e0 = s[n][0] == -INFINITY ? 0.0f : __expf(s[n][0] - na);
+            const float e1 = s[n][1] == -INFINITY ? 0.0f : __expf(s[n][1] - na);
+            const float e2 = s[n][2] == -INFINITY ? 0.0f : __expf(s[n][2] - nb);
+            const float e3 = s[n][3] == -INFINITY ? 0.0f : __expf(s[n][3] - nb);
+            const uint32_t ua = fp_pack<T>(e0, e1), ub = fp_pack<T>(e2, e3);
+            sa += fp_lo<T>(ua) + fp_hi<T>(ua), sb += fp_lo<T>(ub) + fp_hi<T>(ub);
+            pf[n / 2][(n & 1) * 2 + 0] = ua; /* n even: a0 / a1; n odd: a2 / a3 */
+            pf[n / 2][(n & 1) * 2 + 1] = ub;
         }
-        __syncwarp();
+        la = la * aa + sa, lb = lb * ab + sb;
+#pragma unroll
+        for (int n = 0; n < NT; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
+#pragma unroll
+        for (int kk = 0; kk < FP_BN / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const T *vr = Vt + (n * 8 + g) * L::LDV + kk * 16 + 2 * t;
+                fp_mma<T>(o[n], pf[kk], *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
+            }
     }
-    __syncwarp();
-    if (row_ok) {
-        const float inv = l_i > 0.0f ? 1.0f / l_i : 0.0f;
-        const float *Or = Os + wrow * L::LDO + half * (HD / 2);
-        float *dst = out + (int64_t)my_i * n_heads * HD + (int64_t)h * HD + half * (HD / 2);
-        for (int d = 0; d < HD / 2; d += 4)
-            *(float4 *)(dst + d) = make_float4(Or[d] * inv, Or[d + 1] * inv, Or[d + 2] * inv, Or[d + 3] * inv);
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    const float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
+    float *oa = out + (int64_t)(i0 + ra) * n_heads * HD + (int64_t)h * HD + 2 * t;
+    float *ob = oa + (int64_t)8 * n_heads * HD;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        if (oka) *(float2 *)(oa + n * 8) = make_float2(o[n][0] * ia, o[n][1] * ia);
+        if (okb) *(float2 *)(ob + n * 8) = make_float2(o[n][2] * ib, o[n][3] * ib);
     }
 }
 
@@ -210,7 +237,6 @@ static int launch_fp_hd(kn_backend *be, const kn_attention_args *a, int t0, int 
     switch (a->kv->head_dim) {
     case 64: return launch_fp<T, 64>(be, a, t0, len);
     case 128: return launch_fp<T, 128>(be, a, t0, len);
-    case 256: return launch_fp<T, 256>(be, a, t0, len);
     default: return 0;
     }
 }

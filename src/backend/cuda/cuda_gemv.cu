@@ -1,10 +1,11 @@
 /* cuda_gemv.cu — decode-shaped matmuls (1–2 rows of x) on the GPU, at the
  * memory-bandwidth floor as far as one kernel gets there.
  *
- * One warp per output column n streams weight row n with 16-byte loads
- * (8 bf16/f16 or 4 f32 per lane per step), U loads in flight per lane before
- * any is consumed, bypassing L1/L2 residency (__ldcs) so x stays cached. x is
- * widened f32 and read through L1 (or shared memory, below).
+ * One block of 8 warps computes 4 weight rows, splitting K over its 256
+ * threads: each thread streams 16-byte pieces (8 bf16/f16 or 4 f32) of all 4
+ * rows, 8 loads in flight before any is consumed, bypassing cache residency
+ * (__ldcs); the x piece it multiplies is loaded once for the 4 rows (from L1,
+ * or shared memory, below). Partial sums meet in shared memory.
  *
  * Fusions that remove whole kernels from a decode step:
  *   - RMSNorm prologue: every block normalizes x (sum of squares, then
@@ -25,6 +26,7 @@
 
 #define GEMV_WARPS 8
 #define GEMV_MAX_SMEM (160 << 10)
+#define GEMV_COLS(epi) ((epi) == KN_EPI_SWIGLU ? 2 : 4) /* output columns per block: 4 weight rows */
 
 template <int DT>
 __device__ __forceinline__ void unpack8w(uint4 u, float *f) {
@@ -46,69 +48,82 @@ __device__ __forceinline__ void unpack8w(uint4 u, float *f) {
     }
 }
 
-/* acc[m] += f[0..per) . x[m, k..k+per) for the M rows of x; SH: x is in
- * shared memory (plain loads), else global through the read-only path */
+/* x[m, k..k+per) for the M rows, loaded once and reused for every weight row */
 template <int DT, int M, bool SH>
-__device__ __forceinline__ void dot_rows(const float *f, const float *__restrict__ x, int64_t K, int64_t k,
-                                         float *acc) {
+__device__ __forceinline__ void load_x(const float *__restrict__ x, int64_t K, int64_t k, float (*xv)[8]) {
     const int per = DT == KN_DT_F32 ? 4 : 8;
 #pragma unroll
     for (int m = 0; m < M; m++) {
         const float4 *xm = (const float4 *)(x + (int64_t)m * K + k);
         float4 a = SH ? xm[0] : __ldg(xm);
-        float s = f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w;
+        xv[m][0] = a.x, xv[m][1] = a.y, xv[m][2] = a.z, xv[m][3] = a.w;
         if (per == 8) {
             float4 b = SH ? xm[1] : __ldg(xm + 1);
-            s += f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
+            xv[m][4] = b.x, xv[m][5] = b.y, xv[m][6] = b.z, xv[m][7] = b.w;
         }
+    }
+}
+template <int DT, int M>
+__device__ __forceinline__ void dot_x(const float *f, const float (*xv)[8], float *acc) {
+    const int per = DT == KN_DT_F32 ? 4 : 8;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        float s = f[0] * xv[m][0] + f[1] * xv[m][1] + f[2] * xv[m][2] + f[3] * xv[m][3];
+        if (per == 8) s += f[4] * xv[m][4] + f[5] * xv[m][5] + f[6] * xv[m][6] + f[7] * xv[m][7];
         acc[m] += s;
     }
 }
 
 /* Aligned rows (K % 8 == 0, 16-byte aligned x / w / norm_w). N = output
- * columns (for SwiGLU: half of W's rows). */
-template <int DT, int M, int NORM, int EPI>
+ * columns (for SwiGLU: half of W's rows). One block of GEMV_WARPS warps
+ * computes C output columns, i.e. R = C * NR weight rows; the block splits K:
+ * thread t owns elements [s * STEP + t * per, + per) of every row for steps
+ * s = 0, 1, ..., so x is read once per block and reused for all R rows.
+ * Partial sums are reduced over the warp, then over warps in shared memory. */
+template <int DT, int M, int NORM, int EPI, int C>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(const float *__restrict__ x, const void *__restrict__ w, int64_t N, int64_t K, const float *__restrict__ bias,
            float *__restrict__ out, int accumulate, const float *__restrict__ norm_w, float eps) {
     extern __shared__ float4 gemv_smem[];
-    __shared__ float red[GEMV_WARPS];
-    constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1; /* weight rows per warp */
-    constexpr int per = DT == KN_DT_F32 ? 4 : 8;     /* elements per 16-byte load */
+    constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1; /* weight rows per output column */
+    constexpr int R = C * NR;
+    constexpr int per = DT == KN_DT_F32 ? 4 : 8; /* elements per 16-byte load */
     constexpr int esz = DT == KN_DT_F32 ? 4 : 2;
-    constexpr int U = NR == 1 ? 8 : 4; /* 16-byte loads in flight per row */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t n = (int64_t)blockIdx.x * GEMV_WARPS + warp, step = 32 * per;
-    const bool active = n < N;
+    constexpr int U = R >= 8 ? 1 : 8 / R; /* steps in flight: U * R loads per thread */
+    constexpr int64_t STEP = GEMV_WARPS * 32 * per;
+    __shared__ float part[GEMV_WARPS][R * M];
+    __shared__ float red[GEMV_WARPS];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t n0 = (int64_t)blockIdx.x * C;
     const char *wb = (const char *)w;
-    int64_t rowe[NR];
-    rowe[0] = n * K;
-    if (NR == 2) rowe[NR - 1] = (n + N) * K;
+    int64_t rowe[R]; /* element offset of each weight row (past-the-end columns read row 0, discarded) */
+#pragma unroll
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int64_t col = n0 + c < N ? n0 + c : 0;
+            rowe[c * NR + r] = (r == 0 ? col : col + N) * K;
+        }
     kn_pdl_trigger();
 
     /* the first batch of weight loads, before waiting on the previous kernel */
-    int64_t k = (int64_t)lane * per;
-    uint4 raw[NR][U];
-    bool have = active && k + (U - 1) * step + per <= K;
+    int64_t k = (int64_t)tid * per;
+    uint4 raw[U][R];
+    bool have = k + (U - 1) * STEP + per <= K;
     if (have)
 #pragma unroll
-        for (int r = 0; r < NR; r++)
+        for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int u = 0; u < U; u++) raw[r][u] = __ldcs((const uint4 *)(wb + (rowe[r] + k + u * step) * esz));
+            for (int r = 0; r < R; r++) raw[u][r] = __ldcs((const uint4 *)(wb + (rowe[r] + k + u * STEP) * esz));
     kn_pdl_wait();
 
-    float acc[NR][M];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
     const float *xs = (const float *)gemv_smem;
     if (NORM) { /* x -> rms_norm(x) * norm_w in shared memory */
         float *xw = (float *)gemv_smem;
         for (int m = 0; m < M; m++) {
             const float *xm = x + (int64_t)m * K;
             float ss = 0.0f;
-            for (int64_t j = (int64_t)threadIdx.x * 4; j < K; j += GEMV_WARPS * 32 * 4) {
+            for (int64_t j = (int64_t)tid * 4; j < K; j += GEMV_WARPS * 32 * 4) {
                 float4 v = __ldg((const float4 *)(xm + j));
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
@@ -120,7 +135,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             for (int i = 0; i < GEMV_WARPS; i++) tot += red[i];
             __syncthreads();
             const float inv = 1.0f / sqrtf(tot / (float)K + eps);
-            for (int64_t j = (int64_t)threadIdx.x * 4; j < K; j += GEMV_WARPS * 32 * 4) {
+            for (int64_t j = (int64_t)tid * 4; j < K; j += GEMV_WARPS * 32 * 4) {
                 float4 v = __ldg((const float4 *)(xm + j)), g = __ldg((const float4 *)(norm_w + j));
                 *(float4 *)(xw + (int64_t)m * K + j) =
                     make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv));
@@ -128,50 +143,70 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         }
         __syncthreads();
     }
-    if (active) {
-        for (; k + (U - 1) * step + per <= K; k += U * step) {
-            if (!have)
+    float acc[R][M];
 #pragma unroll
-                for (int r = 0; r < NR; r++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
-                    for (int u = 0; u < U; u++)
-                        raw[r][u] = __ldcs((const uint4 *)(wb + (rowe[r] + k + u * step) * esz));
-            have = false;
+        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
+    for (; k + (U - 1) * STEP + per <= K; k += U * STEP) {
+        if (!have)
 #pragma unroll
             for (int u = 0; u < U; u++)
 #pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    float f[8];
-                    unpack8w<DT>(raw[r][u], f);
-                    if (NORM) dot_rows<DT, M, true>(f, xs, K, k + u * step, acc[r]);
-                    else dot_rows<DT, M, false>(f, x, K, k + u * step, acc[r]);
-                }
-        }
-        for (; k + per <= K; k += step)
+                for (int r = 0; r < R; r++)
+                    raw[u][r] = __ldcs((const uint4 *)(wb + (rowe[r] + k + u * STEP) * esz));
+        have = false;
 #pragma unroll
-            for (int r = 0; r < NR; r++) {
+        for (int u = 0; u < U; u++) {
+            float xv[M][8];
+            if (NORM) load_x<DT, M, true>(xs, K, k + u * STEP, xv);
+            else load_x<DT, M, false>(x, K, k + u * STEP, xv);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
                 float f[8];
-                unpack8w<DT>(*(const uint4 *)(wb + (rowe[r] + k) * esz), f);
-                if (NORM) dot_rows<DT, M, true>(f, xs, K, k, acc[r]);
-                else dot_rows<DT, M, false>(f, x, K, k, acc[r]);
+                unpack8w<DT>(raw[u][r], f);
+                dot_x<DT, M>(f, xv, acc[r]);
             }
+        }
+    }
+    for (; k + per <= K; k += STEP) {
+        float xv[M][8];
+        if (NORM) load_x<DT, M, true>(xs, K, k, xv);
+        else load_x<DT, M, false>(x, K, k, xv);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float f[8];
+            unpack8w<DT>(__ldcs((const uint4 *)(wb + (rowe[r] + k) * esz)), f);
+            dot_x<DT, M>(f, xv, acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
 #pragma unroll
         for (int m = 0; m < M; m++) {
+            float v = acc[r][m];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) part[warp][r * M + m] = v;
+        }
+    __syncthreads();
+    if (tid < C * M) {
+        const int c = tid / M, m = tid % M;
+        const int64_t n = n0 + c;
+        if (n < N) {
             float v[NR];
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                v[r] = acc[r][m];
-                for (int o = 16; o > 0; o >>= 1) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+                v[r] = 0.0f;
+#pragma unroll
+                for (int i = 0; i < GEMV_WARPS; i++) v[r] += part[i][(c * NR + r) * M + m];
             }
-            if (lane == 0) {
-                if (EPI == KN_EPI_SWIGLU) {
-                    const float g = v[0] + (bias ? bias[n] : 0.0f), u = v[NR - 1] + (bias ? bias[n + N] : 0.0f);
-                    out[(int64_t)m * N + n] = g / (1.0f + expf(-g)) * u;
-                } else {
-                    const float r = v[0] + (bias ? bias[n] : 0.0f);
-                    if (accumulate) out[(int64_t)m * N + n] += r;
-                    else out[(int64_t)m * N + n] = r;
-                }
+            if (EPI == KN_EPI_SWIGLU) {
+                const float g = v[0] + (bias ? bias[n] : 0.0f), u = v[NR - 1] + (bias ? bias[n + N] : 0.0f);
+                out[(int64_t)m * N + n] = g / (1.0f + expf(-g)) * u;
+            } else {
+                const float r = v[0] + (bias ? bias[n] : 0.0f);
+                if (accumulate) out[(int64_t)m * N + n] += r;
+                else out[(int64_t)m * N + n] = r;
             }
         }
     }
@@ -215,15 +250,15 @@ static int launch_gemv(kn_backend *be, const float *x, const kn_weight *w, int64
     static size_t smem_allowed = 48 << 10; /* per instantiation */
     if (NORM && (int64_t)smem > (int64_t)GEMV_MAX_SMEM) return 0;
     if (NORM && smem > smem_allowed) {
-        if (cudaFuncSetAttribute(k_gemv<DT, M, NORM, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  GEMV_MAX_SMEM) != cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
         smem_allowed = GEMV_MAX_SMEM;
     }
-    const unsigned blocks = (unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS);
-    return kn_cuda_launch(be, k_gemv<DT, M, NORM, EPI>, dim3(blocks), dim3(GEMV_WARPS * 32), smem, x, w->data, N, K,
+    const unsigned blocks = (unsigned)((N + GEMV_COLS(EPI) - 1) / GEMV_COLS(EPI));
+    return kn_cuda_launch(be, k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, dim3(blocks), dim3(GEMV_WARPS * 32), smem, x, w->data, N, K,
                           bias, out, accumulate, norm_w, eps) == cudaSuccess;
 }
 

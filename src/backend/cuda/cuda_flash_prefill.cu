@@ -32,8 +32,15 @@ template <int HD>
 struct fp_layout {
     static constexpr int LDK = HD + 8, LDV = FP_BN + 8; /* +8 halves: conflict-free fragment reads */
     static constexpr size_t k_bytes = (size_t)FP_BN * LDK * 2, v_bytes = (size_t)HD * LDV * 2;
-    static constexpr size_t total = k_bytes + v_bytes;
+    static constexpr size_t stage = k_bytes + v_bytes, total = 2 * stage; /* double-buffered */
 };
+
+__device__ __forceinline__ void fp_cp16(void *smem, const void *gmem) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem));
+}
+__device__ __forceinline__ void fp_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void fp_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 template <typename T> __device__ __forceinline__ uint32_t fp_pack(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t fp_pack<__nv_bfloat16>(float lo, float hi) {
@@ -76,24 +83,49 @@ __device__ __forceinline__ void fp_mma<__half>(float *d, const uint32_t *a, uint
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* q, out: the run's first row; rows i of the run are at positions p0 + i. */
+/* The run's keys [kbase, kbase + ctxp) of every KV head, rounded to T:
+ * kg [n_kv][ctxp][HD] and V transposed, vg [n_kv][HD][ctxp]; positions past
+ * last are zero. One block per (64 keys, KV head); V goes through a shared
+ * tile so both the paged reads and the transposed writes are coalesced. */
+template <typename T, int HD>
+__global__ void __launch_bounds__(256) k_fp_gather(kn_kv_layer kv, const int32_t *__restrict__ bt, int kbase, int last,
+                                                   int ctxp, T *__restrict__ kg, T *__restrict__ vg) {
+    __shared__ float vt[FP_BN][HD + 1];
+    const int kvh = blockIdx.y, j0 = blockIdx.x * FP_BN, bs = kv.block_size;
+    const int64_t kv_w = (int64_t)kv.n_kv_heads * kv.head_dim;
+    for (int idx = threadIdx.x; idx < FP_BN * HD / 4; idx += blockDim.x) {
+        const int j = idx / (HD / 4), c = (idx % (HD / 4)) * 4, p = kbase + j0 + j;
+        float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f), v4 = k4;
+        if (p <= last) {
+            const int64_t off = ((int64_t)bt[p / bs] * bs + p % bs) * kv_w + (int64_t)kvh * HD + c;
+            k4 = *(const float4 *)(kv.k + off), v4 = *(const float4 *)(kv.v + off);
+        }
+        *(uint2 *)(kg + ((int64_t)kvh * ctxp + j0 + j) * HD + c) =
+            make_uint2(fp_pack<T>(k4.x, k4.y), fp_pack<T>(k4.z, k4.w));
+        vt[j][c] = v4.x, vt[j][c + 1] = v4.y, vt[j][c + 2] = v4.z, vt[j][c + 3] = v4.w;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < FP_BN * HD; idx += blockDim.x) {
+        const int d = idx / FP_BN, j = idx % FP_BN;
+        vg[((int64_t)kvh * HD + d) * ctxp + j0 + j] = fp_round<T>(vt[j][d]);
+    }
+}
+
+/* q, out: the run's first row; rows i of the run are at positions p0 + i;
+ * kg / vg: the gathered keys / transposed values from kbase (k_fp_gather). */
 template <typename T, int HD>
 __global__ void __launch_bounds__(FP_WARPS * 32)
     k_flash_prefill(const float *__restrict__ q, int64_t q_stride, float *__restrict__ out, int n_heads, int group,
-                    kn_kv_layer kv, const int32_t *__restrict__ bt, int p0, int len, int window, float scale,
-                    float softcap) {
+                    const T *__restrict__ kg, const T *__restrict__ vg, int kbase, int ctxp, int p0, int len,
+                    int window, float scale, float softcap) {
     typedef fp_layout<HD> L;
     extern __shared__ __align__(128) unsigned char fp_smem[];
-    T *Ks = (T *)fp_smem;                /* [key][d] */
-    T *Vt = (T *)(fp_smem + L::k_bytes); /* [d][key]: V transposed */
     constexpr int KT = HD / 16, NT = HD / 8, ST = FP_BN / 8;
 
     const int tile = gridDim.x - 1 - blockIdx.x; /* heaviest (latest) tiles first */
     const int h = blockIdx.y, kvh = h / group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int i0 = tile * FP_BM, rows = len - i0 < FP_BM ? len - i0 : FP_BM;
-    const int64_t kv_w = (int64_t)kv.n_kv_heads * kv.head_dim;
-    const int bs = kv.block_size;
     /* this lane's two rows (g and g + 8 of the warp's 16) */
     const int ra = warp * 16 + g, rb = ra + 8;
     const bool oka = ra < rows, okb = rb < rows;
@@ -119,30 +151,37 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f; /* l: this lane's share of the row sums */
 
     const int first = p0 + i0, last = p0 + i0 + rows - 1;
-    const int lo = window > 0 && first - window + 1 > 0 ? first - window + 1 : 0;
+    const int lo = window > 0 && first - window + 1 > kbase ? first - window + 1 : kbase;
+    const int kt0 = kbase + (lo - kbase) / FP_BN * FP_BN; /* tiles aligned to the gathered buffer */
+    const int n_tiles = (last - kt0) / FP_BN + 1;
     const int w_first = p0 + i0 + warp * 16, w_last = w_first + 15;
-    for (int kt = lo; kt <= last; kt += FP_BN) {
-        __syncthreads(); /* the previous tile is no longer read */
-        /* K rows: thread -> (key j, 4 dims), packed pairs; V: consecutive threads take consecutive keys so the
-         * transposed stores are conflict-free */
-        for (int idx = threadIdx.x; idx < FP_BN * HD / 4; idx += FP_WARPS * 32) {
-            int j = idx / (HD / 4), c = (idx % (HD / 4)) * 4, p = kt + j;
-            float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (p <= last) k4 = *(const float4 *)(kv.k + ((int64_t)bt[p / bs] * bs + p % bs) * kv_w + (int64_t)kvh * HD + c);
-            *(uint2 *)(Ks + j * L::LDK + c) = make_uint2(fp_pack<T>(k4.x, k4.y), fp_pack<T>(k4.z, k4.w));
-            j = idx % FP_BN, c = (idx / FP_BN) * 4, p = kt + j;
-            float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (p <= last) v4 = *(const float4 *)(kv.v + ((int64_t)bt[p / bs] * bs + p % bs) * kv_w + (int64_t)kvh * HD + c);
-            Vt[(c + 0) * L::LDV + j] = fp_round<T>(v4.x);
-            Vt[(c + 1) * L::LDV + j] = fp_round<T>(v4.y);
-            Vt[(c + 2) * L::LDV + j] = fp_round<T>(v4.z);
-            Vt[(c + 3) * L::LDV + j] = fp_round<T>(v4.w);
+    const T *kgh = kg + (int64_t)kvh * ctxp * HD, *vgh = vg + (int64_t)kvh * HD * ctxp;
+    /* stage tile it into buffer it & 1: K rows (HD * 2 bytes each), V^T rows (64 keys * 2 bytes each) */
+    auto issue = [&](int it) {
+        unsigned char *st = fp_smem + (it & 1) * L::stage;
+        T *Ks = (T *)st, *Vt = (T *)(st + L::k_bytes);
+        const int r0 = kt0 - kbase + it * FP_BN;
+        for (int idx = threadIdx.x; idx < FP_BN * HD / 8; idx += FP_WARPS * 32) {
+            const int j = idx / (HD / 8), c = (idx % (HD / 8)) * 8;
+            fp_cp16(Ks + j * L::LDK + c, kgh + (int64_t)(r0 + j) * HD + c);
         }
+        for (int idx = threadIdx.x; idx < HD * FP_BN / 8; idx += FP_WARPS * 32) {
+            const int d = idx / (FP_BN / 8), c = (idx % (FP_BN / 8)) * 8;
+            fp_cp16(Vt + d * L::LDV + c, vgh + (int64_t)d * ctxp + r0 + c);
+        }
+    };
+    issue(0);
+    fp_cp_commit();
+    for (int it = 0; it < n_tiles; it++) {
+        const int kt = kt0 + it * FP_BN;
+        if (it + 1 < n_tiles) issue(it + 1);
+        fp_cp_commit();
+        fp_cp_wait1(); /* tile it has landed (for this thread) */
         __syncthreads();
+        const T *Ks = (const T *)(fp_smem + (it & 1) * L::stage), *Vt = (const T *)(fp_smem + (it & 1) * L::stage + L::k_bytes);
         /* wholly masked for this warp's rows: nothing changes */
-        if (kt > w_last || (window > 0 && kt + FP_BN - 1 <= w_first - window) || warp * 16 >= rows) continue;
-
-        float s[ST][4];
+        if (!(kt > w_last || (window > 0 && kt + FP_BN - 1 <= w_first - window) || warp * 16 >= rows)) {
+    float s[ST][4];
 #pragma unroll
         for (int n = 0; n < ST; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
@@ -197,6 +236,8 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
                 const T *vr = Vt + (n * 8 + g) * L::LDV + kk * 16 + 2 * t;
                 fp_mma<T>(o[n], pf[kk], *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
             }
+        }
+        __syncthreads(); /* buffer it & 1 is refilled by the next iteration's issue */
     }
     la += __shfl_xor_sync(0xffffffffu, la, 1);
     la += __shfl_xor_sync(0xffffffffu, la, 2);
@@ -224,11 +265,23 @@ static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len
         }
         attr_set = 1;
     }
-    const int s = a->seq_host[t0], G = a->n_heads / a->kv->n_kv_heads;
+    const kn_kv_layer *kv = a->kv;
+    const int s = a->seq_host[t0], G = a->n_heads / kv->n_kv_heads, p0 = a->pos_host[t0], last = p0 + len - 1;
+    const int kbase = a->window > 0 && p0 - a->window + 1 > 0 ? p0 - a->window + 1 : 0;
+    const int ctxp = (last - kbase + FP_BN) / FP_BN * FP_BN;
+    const size_t half = (size_t)kv->n_kv_heads * ctxp * HD * sizeof(T);
+    T *kg = (T *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTN_GEMM, 2 * half);
+    if (!kg) return 0;
+    T *vg = (T *)((char *)kg + half);
+    const int32_t *bt = a->block_tables + (int64_t)s * a->max_blocks;
+    cudaStream_t st = kn_cuda_stream(be);
+    k_fp_gather<T, HD><<<dim3((unsigned)(ctxp / FP_BN), (unsigned)kv->n_kv_heads), 256, 0, st>>>(*kv, bt, kbase, last,
+                                                                                               ctxp, kg, vg);
     dim3 grid((unsigned)((len + FP_BM - 1) / FP_BM), (unsigned)a->n_heads);
-    k_flash_prefill<T, HD><<<grid, FP_WARPS * 32, smem, kn_cuda_stream(be)>>>(
-        a->q + (int64_t)t0 * a->q_stride, a->q_stride, a->out + (int64_t)t0 * a->n_heads * HD, a->n_heads, G, *a->kv,
-        a->block_tables + (int64_t)s * a->max_blocks, a->pos_host[t0], len, a->window, a->scale, a->softcap);
+    k_flash_prefill<T, HD><<<grid, FP_WARPS * 32, smem, st>>>(a->q + (int64_t)t0 * a->q_stride, a->q_stride,
+                                                              a->out + (int64_t)t0 * a->n_heads * HD, a->n_heads, G,
+                                                              kg, vg, kbase, ctxp, p0, len, a->window, a->scale,
+                                                              a->softcap);
     return cudaPeekAtLastError() == cudaSuccess;
 }
 

@@ -1,16 +1,16 @@
 /* cuda_gemv.cu — decode-shaped matmuls (1–2 rows of x) on the GPU, at the
  * memory-bandwidth floor as far as one kernel gets there.
  *
- * One block of 8 warps computes 4 weight rows, splitting K over its 256
- * threads: each thread streams 16-byte pieces (8 bf16/f16 or 4 f32) of all 4
- * rows, 8 loads in flight before any is consumed, bypassing cache residency
- * (__ldcs); the x piece it multiplies is loaded once for the 4 rows (from L1,
+ * One block of 8 warps computes 8 weight rows, splitting K over its 256
+ * threads: each thread streams 16-byte pieces (8 bf16/f16 or 4 f32) of all 8
+ * rows, 8-16 loads in flight before any is consumed, bypassing cache residency
+ * (__ldcs); the x piece it multiplies is loaded once for all rows (from L1,
  * or shared memory, below). Partial sums meet in shared memory.
  *
  * Fusions that remove whole kernels from a decode step:
  *   - RMSNorm prologue: every block normalizes x (sum of squares, then
  *     x * inv * w) into shared memory and multiplies from there.
- *   - SwiGLU epilogue: a warp streams gate row n and up row n + N together
+ *   - SwiGLU epilogue: a block streams gate rows n and up rows n + N together
  *     and writes silu(gate) * up, so the activation never round-trips.
  *   - residual add: accumulate adds into out (the o / down projections).
  *
@@ -26,7 +26,7 @@
 
 #define GEMV_WARPS 8
 #define GEMV_MAX_SMEM (160 << 10)
-#define GEMV_COLS(epi) ((epi) == KN_EPI_SWIGLU ? 2 : 4) /* output columns per block: 4 weight rows */
+#define GEMV_COLS(epi) 8 /* output columns per block: 8 weight rows (16 with SwiGLU) */
 
 template <int DT>
 __device__ __forceinline__ void unpack8w(uint4 u, float *f) {

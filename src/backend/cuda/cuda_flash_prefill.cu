@@ -269,10 +269,10 @@ static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len
     const int s = a->seq_host[t0], G = a->n_heads / kv->n_kv_heads, p0 = a->pos_host[t0], last = p0 + len - 1;
     const int kbase = a->window > 0 && p0 - a->window + 1 > 0 ? p0 - a->window + 1 : 0;
     const int ctxp = (last - kbase + FP_BN) / FP_BN * FP_BN;
-    const size_t half = (size_t)kv->n_kv_heads * ctxp * HD * sizeof(T);
-    T *kg = (T *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTN_GEMM, 2 * half);
+    const size_t one_buf = (size_t)kv->n_kv_heads * ctxp * HD * sizeof(T);
+    T *kg = (T *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTN_GEMM, 2 * one_buf);
     if (!kg) return 0;
-    T *vg = (T *)((char *)kg + half);
+    T *vg = (T *)((char *)kg + one_buf);
     const int32_t *bt = a->block_tables + (int64_t)s * a->max_blocks;
     cudaStream_t st = kn_cuda_stream(be);
     k_fp_gather<T, HD><<<dim3((unsigned)(ctxp / FP_BN), (unsigned)kv->n_kv_heads), 256, 0, st>>>(*kv, bt, kbase, last,

@@ -281,18 +281,25 @@ __global__ void k_gemm(const float *x, int M, const void *w, int dt, int64_t N, 
         }
 }
 
+/* one block per (token, 4 heads); thread i < rot_dim/2 computes its angle
+ * once (sincosf) and rotates dims i and i + half of each of the 4 heads */
+#define ROPE_HEADS 4
 __global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
                        int rot_dim, float scale) {
     kn_pdl_trigger();
-    int t = blockIdx.x, half = rot_dim / 2;
-    for (int idx = threadIdx.x; idx < n_heads * half; idx += blockDim.x) {
-        int h = idx / half, i = idx % half;
-        float f = (float)pos[t] * inv_freq[i];
-        float c = cosf(f) * scale, s = sinf(f) * scale;
-        float *v = x + t * stride + (int64_t)h * head_dim;
-        float a = v[i], b = v[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
+    const int t = blockIdx.x, h0 = blockIdx.y * ROPE_HEADS, half = rot_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float s, c;
+        sincosf((float)pos[t] * inv_freq[i], &s, &c);
+        c *= scale, s *= scale;
+#pragma unroll
+        for (int h = h0; h < h0 + ROPE_HEADS; h++) {
+            if (h >= n_heads) break;
+            float *v = x + t * stride + (int64_t)h * head_dim;
+            const float a = v[i], b = v[i + half];
+            v[i] = a * c - b * s;
+            v[i + half] = b * c + a * s;
+        }
     }
 }
 
@@ -443,7 +450,9 @@ static int cu_fused_matmul(kn_backend *be, const float *x, int M, const float *n
 }
 static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
                     const int32_t *pos, const kn_rope_table *r) {
-    k_rope<<<n_tokens, 128, 0, S>>>(x, stride, n_heads, head_dim, pos, r->inv_freq, r->rot_dim, r->attn_scale);
+    const int rhalf = r->rot_dim / 2, threads = rhalf >= 128 ? 128 : (rhalf + 31) / 32 * 32;
+    dim3 grid((unsigned)n_tokens, (unsigned)((n_heads + ROPE_HEADS - 1) / ROPE_HEADS));
+    if (rhalf > 0) k_rope<<<grid, threads, 0, S>>>(x, stride, n_heads, head_dim, pos, r->inv_freq, r->rot_dim, r->attn_scale);
 }
 static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                         int n_tokens, const int32_t *slots) {

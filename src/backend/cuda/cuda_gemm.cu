@@ -8,9 +8,17 @@
  * tests hold it to the right reference. F32 weights use plain f32 GEMM
  * (no TF32), so fp32 parity is unchanged.
  * Row-major out^T = W . x^T is cuBLAS's column-major C[N,M] = op(A) op(B) with
- * A = W read transposed (lda K) and B = x (ldb K). */
+ * A = W read transposed (lda K) and B = x (ldb K).
+ *
+ * 16-bit weights go through cuBLASLt with the algorithm picked per shape by
+ * timing: the first call of a shape (M, N, K, dtype, accumulate) — always an
+ * eager run, never inside graph capture — times up to 8 heuristic candidates
+ * (into scratch, so out is untouched) and caches the fastest; later calls and
+ * recorded graphs reuse it. KILN_NO_LT=1 uses cublasGemmEx's default choice. */
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -53,6 +61,119 @@ static cublasHandle_t blas(kn_backend *be) {
 
 void *kn_cuda_blas(kn_backend *be) { return (void *)blas(be); }
 
+/* ---- cuBLASLt with per-shape autotuning ---- */
+
+#define LT_CACHE 96
+#define LT_CANDIDATES 8
+typedef struct {
+    int M, N, K, dt, acc;
+    cublasLtMatmulAlgo_t algo;
+} lt_algo;
+struct kn_cuda_lt {
+    cublasLtHandle_t h;
+    lt_algo e[LT_CACHE];
+    int n, next; /* entries, ring position once full */
+};
+
+static kn_cuda_lt *lt_state(kn_backend *be) {
+    kn_cuda_backend *c = (kn_cuda_backend *)be;
+    if (c->lt_failed) return NULL;
+    if (!c->lt) {
+        static int disabled = -1;
+        if (disabled < 0) disabled = getenv("KILN_NO_LT") != NULL;
+        kn_cuda_lt *l = disabled || !blas(be) ? NULL : (kn_cuda_lt *)calloc(1, sizeof *l);
+        if (!l || cublasLtCreate(&l->h) != CUBLAS_STATUS_SUCCESS) {
+            free(l);
+            c->lt_failed = 1;
+            return NULL;
+        }
+        c->lt = l;
+    }
+    return c->lt;
+}
+
+static void kn_cuda_lt_destroy(kn_backend *be) {
+    kn_cuda_backend *c = (kn_cuda_backend *)be;
+    if (c->lt) cublasLtDestroy(c->lt->h), free(c->lt);
+    c->lt = NULL;
+}
+
+/* out[M,N] (+)= xr[M,K] . W^T with xr already in W's 16-bit dtype. 0: not done. */
+static int lt_matmul(kn_backend *be, const void *xr, int M, const kn_weight *w, float *out, int accumulate) {
+    kn_cuda_backend *c = (kn_cuda_backend *)be;
+    kn_cuda_lt *l = lt_state(be);
+    if (!l) return 0;
+    const int N = (int)w->rows, K = (int)w->cols, dt = (int)w->dtype;
+    const cudaDataType t = w->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    const float one = 1.0f, zero = 0.0f, *beta = accumulate ? &one : &zero;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    int ok = 0;
+    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return 0;
+    if (cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT) ||
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN) ||
+        cublasLtMatrixLayoutCreate(&la, t, K, N, K) || cublasLtMatrixLayoutCreate(&lb, t, K, M, K) ||
+        cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N))
+        goto done;
+    {
+        int i = 0;
+        for (; i < l->n; i++)
+            if (l->e[i].M == M && l->e[i].N == N && l->e[i].K == K && l->e[i].dt == dt && l->e[i].acc == accumulate)
+                break;
+        if (i == l->n) { /* first sight: time the candidates */
+            if (c->capturing) goto done;
+            cublasLtMatmulPreference_t pref = NULL;
+            cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
+            int nres = 0;
+            size_t ws = GEMM_WORKSPACE_BYTES;
+            if (cublasLtMatmulPreferenceCreate(&pref) ||
+                cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ||
+                cublasLtMatmulAlgoGetHeuristic(l->h, op, la, lb, lc, lc, pref, LT_CANDIDATES, res, &nres) || nres < 1) {
+                if (pref) cublasLtMatmulPreferenceDestroy(pref);
+                goto done;
+            }
+            cublasLtMatmulPreferenceDestroy(pref);
+            /* timing writes D into scratch (C = out is only read), so out is untouched */
+            float *d = (float *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTN_GEMM, (size_t)M * N * sizeof(float));
+            int best = 0;
+            if (d && nres > 1) {
+                cudaEvent_t e0, e1;
+                cudaEventCreate(&e0), cudaEventCreate(&e1);
+                float best_ms = 1e30f;
+                for (int r = 0; r < nres; r++) {
+                    float ms = 0.0f;
+                    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+                    for (int rep = 0; rep < 4 && st == CUBLAS_STATUS_SUCCESS; rep++) {
+                        if (rep == 1) cudaEventRecord(e0, c->stream);
+                        st = cublasLtMatmul(l->h, op, &one, w->data, la, xr, lb, beta, out, lc, d, lc, &res[r].algo,
+                                            c->blas_workspace, GEMM_WORKSPACE_BYTES, c->stream);
+                    }
+                    cudaEventRecord(e1, c->stream);
+                    if (st != CUBLAS_STATUS_SUCCESS || cudaEventSynchronize(e1) != cudaSuccess ||
+                        cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+                        continue;
+                    if (ms < best_ms) best_ms = ms, best = r;
+                }
+                cudaEventDestroy(e0), cudaEventDestroy(e1);
+                cudaGetLastError();
+            }
+            if (l->n < LT_CACHE) i = l->n++;
+            else i = l->next, l->next = (l->next + 1) % LT_CACHE;
+            lt_algo *e = &l->e[i];
+            e->M = M, e->N = N, e->K = K, e->dt = dt, e->acc = accumulate, e->algo = res[best].algo;
+        }
+        ok = cublasLtMatmul(l->h, op, &one, w->data, la, xr, lb, beta, out, lc, out, lc, &l->e[i].algo,
+                            c->blas_workspace, GEMM_WORKSPACE_BYTES, c->stream) == CUBLAS_STATUS_SUCCESS;
+    }
+done:
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatmulDescDestroy(op);
+    return ok;
+}
+
 int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                         int accumulate) {
     cublasHandle_t h = blas(be);
@@ -70,7 +191,7 @@ int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *
         if (!xr) return 0;
         k_round_x<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(x, n, w->dtype, xr);
         cudaDataType t = w->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xr, t, K, beta, out, CUDA_R_32F,
+        st = lt_matmul(be, xr, M, w, out, accumulate) ? CUBLAS_STATUS_SUCCESS : cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xr, t, K, beta, out, CUDA_R_32F,
                           N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }
     if (st != CUBLAS_STATUS_SUCCESS) {
@@ -86,6 +207,7 @@ int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *
 
 void kn_cuda_gemm_destroy(kn_backend *be) {
     kn_cuda_backend *c = (kn_cuda_backend *)be;
+    kn_cuda_lt_destroy(be);
     if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
     if (c->blas_workspace) cudaFree(c->blas_workspace);
     c->blas = NULL, c->blas_workspace = NULL;

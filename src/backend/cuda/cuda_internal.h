@@ -29,6 +29,8 @@ typedef struct {
     size_t scratch_bytes[3];
     void *blas, *blas_workspace; /* cublasHandle_t, lazily created */
     int blas_failed;
+    struct kn_cuda_lt *lt; /* cuBLASLt handle + autotuned algorithms (cuda_gemm.cu) */
+    int lt_failed;
     /* recorded forwards, by batch-shape key (see backend.h graph_*) */
     struct {
         uint64_t key;

@@ -73,6 +73,7 @@ static void test_fused_matmul(kn_dtype dt, int M, int N, int K, int with_norm, i
     back(out, dout, (size_t)M * out_n * 4);
     kn_be_free(be, dx), kn_be_free(be, dg), kn_be_free(be, db);
     if (done) {
+        const int round_x = dt != KN_DT_F32 && be->matmul_x_rounding_min_rows && M >= be->matmul_x_rounding_min_rows;
         double *y = malloc((size_t)N * sizeof(double)), *mag = malloc((size_t)N * sizeof(double));
         int bad = 0;
         for (int m = 0; m < M && bad < 3; m++) {
@@ -82,7 +83,10 @@ static void test_fused_matmul(kn_dtype dt, int M, int N, int K, int with_norm, i
             for (int n = 0; n < N; n++) {
                 y[n] = with_bias ? bias[n] : 0.0, mag[n] = fabs(y[n]);
                 for (int k = 0; k < K; k++) {
-                    double xv = x[m * K + k] * (with_norm ? inv * g[k] : 1.0);
+                    double xv = with_norm ? (double)(g[k] * (float)(x[m * K + k] * (float)inv)) : x[m * K + k];
+                    if (round_x) /* GEMM-shaped: x rounded to the weight dtype after the norm */
+                        xv = dt == KN_DT_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16((float)xv))
+                                              : kn_f16_to_f32(kn_f32_to_f16((float)xv));
                     y[n] += xv * wf[(int64_t)n * K + k], mag[n] += fabs(xv * wf[(int64_t)n * K + k]);
                 }
             }
@@ -886,6 +890,8 @@ int main(void) {
         test_fused_matmul(KN_DT_BF16, m, 42, 776, 0, KN_EPI_SWIGLU, 1);
         test_fused_matmul(KN_DT_BF16, m, 40, 12, 1, KN_EPI_NONE, 0); /* K % 8 != 0: may decline */
     }
+    test_fused_matmul(KN_DT_BF16, 5, 74, 1024, 1, KN_EPI_SWIGLU, 1); /* GEMM-shaped (CUDA: norm+round, cuBLAS) */
+    test_fused_matmul(KN_DT_F16, 40, 96, 512, 1, KN_EPI_NONE, 0);
     test_quant_ops();
     test_rms_norm(1, 1, 64);
     test_rms_norm(5, 4, 32);

@@ -445,7 +445,7 @@ static void cu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight
 }
 static int cu_fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                            const float *bias, float *out, int epilogue) {
-    if (M > KN_CUDA_GEMV_MAX_M) return 0; /* GEMM-shaped: the separate ops are as fast */
+    if (M > KN_CUDA_GEMV_MAX_M) return kn_cuda_gemm_fused(be, x, M, norm_w, eps, w, bias, out, epilogue);
     return kn_cuda_gemv(be, x, M, w, bias, out, 0, norm_w, eps, epilogue);
 }
 static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,

@@ -25,8 +25,8 @@ typedef struct {
      * when no copy from it can still be pending */
     char *staging;
     size_t staging_bytes, staging_used;
-    void *scratch[3];
-    size_t scratch_bytes[3];
+    void *scratch[4];
+    size_t scratch_bytes[4]; /* [KN_CUDA_SCRATCH_COUNT] */
     void *blas, *blas_workspace; /* cublasHandle_t, lazily created */
     int blas_failed;
     struct kn_cuda_lt *lt; /* cuBLASLt handle + autotuned algorithms (cuda_gemm.cu) */
@@ -49,7 +49,13 @@ int kn_cuda_sm_count(kn_backend *be);
 /* Backend-owned device scratch, one buffer per slot, grown on demand (never
  * while a graph is being captured: the first, eager run of every batch shape
  * sizes it). NULL when the device is out of memory. */
-enum { KN_CUDA_SCRATCH_ATTENTION = 0, KN_CUDA_SCRATCH_GEMM_X, KN_CUDA_SCRATCH_ATTN_GEMM, KN_CUDA_SCRATCH_COUNT };
+enum {
+    KN_CUDA_SCRATCH_ATTENTION = 0,
+    KN_CUDA_SCRATCH_GEMM_X,
+    KN_CUDA_SCRATCH_ATTN_GEMM,
+    KN_CUDA_SCRATCH_GEMM_OUT,
+    KN_CUDA_SCRATCH_COUNT
+};
 void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes);
 
 /* Op families implemented in their own files. */
@@ -64,6 +70,11 @@ int kn_cuda_flash_prefill(kn_backend *be, const kn_attention_args *a, int t0, in
 int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                         int accumulate);
 void kn_cuda_gemm_destroy(kn_backend *be);
+/* GEMM-shaped fused_matmul (backend.h): RMSNorm and the rounding of x to the
+ * weight's 16-bit dtype in one kernel, the GEMM, then the SwiGLU epilogue.
+ * 0 (nothing enqueued) for f32 / quantized weights. */
+int kn_cuda_gemm_fused(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
+                       const float *bias, float *out, int epi);
 /* The backend's cuBLAS handle (a cublasHandle_t), created on first use; NULL if unavailable. */
 void *kn_cuda_blas(kn_backend *be);
 

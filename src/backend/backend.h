@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "base/kv_codec.h"
 #include "base/status.h"
 
 typedef struct kn_backend kn_backend;
@@ -66,12 +67,20 @@ typedef struct {
 } kn_rope_table;
 
 /* Paged KV storage of one layer: blocks of block_size token slots, each slot
- * holding n_kv_heads x head_dim floats for K and for V. slot = block *
- * block_size + offset. */
+ * holding n_kv_heads rows for K and for V. slot = block * block_size +
+ * offset. A row is head_dim values in the layer's format (base/kv_codec.h):
+ * KN_KVF_F32 (0, the zero-initialised default) is head_dim floats; other
+ * formats are kn_kv_row_bytes(fmt, head_dim) bytes. kv_write quantizes on
+ * append and attention reads the stored rows directly (rotated formats in
+ * the rotated domain). */
 typedef struct {
-    float *k, *v;
+    void *k, *v; /* [n_blocks * block_size][n_kv_heads][row bytes] */
     int block_size, n_kv_heads, head_dim;
     int64_t n_blocks;
+    int k_fmt, v_fmt;               /* kn_kv_fmt */
+    const float *k_tab, *v_tab;     /* rotated formats: codebook (centroids, boundaries); else NULL */
+    const float *signs;             /* rotated formats: [head_dim] +-1 sign flips of the rotation */
+    const float *k_scale, *v_scale; /* fp8: [n_kv_heads] scales; else NULL */
 } kn_kv_layer;
 
 /* Attention of n_tokens query rows, each against its own sequence's cached

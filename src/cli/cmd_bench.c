@@ -162,7 +162,14 @@ int kn_cmd_bench(int argc, char **argv) {
         }
         be->memory_fraction = common.gpu_memory;
         kn_tensor_source src = kn_synthetic_source(syn);
-        if ((rc = kn_model_build(&cfg, &src, be, ctx, (int)batch, &m, &err))) {
+        kn_kv_spec kvs;
+        if (common.kv && kn_kv_spec_parse(common.kv, common.kv_keep == 0 ? -1 : common.kv_keep < 0 ? 0 : common.kv_keep,
+                                          &kvs, &err)) {
+            kn_backend_destroy(be);
+            kn_synthetic_free(syn);
+            return kn_cli_error(&err);
+        }
+        if ((rc = kn_model_build_kv(&cfg, &src, be, ctx, (int)batch, common.kv ? &kvs : NULL, &m, &err))) {
             kn_synthetic_free(syn);
             return kn_cli_error(&err);
         }
@@ -172,7 +179,7 @@ int kn_cmd_bench(int argc, char **argv) {
         char dir[4096];
         if ((rc = kn_resolve_model_path(model, dir, sizeof dir, &err))) return kn_cli_error(&err);
         kn_model_options o = {.backend = common.backend, .n_threads = common.n_threads, .max_context = ctx,
-                              .gpu_memory = common.gpu_memory};
+                              .gpu_memory = common.gpu_memory, .kv = common.kv, .kv_keep_layers = common.kv_keep};
         if ((rc = kn_model_open(dir, &o, &m, &err))) return kn_cli_error(&err);
         snprintf(label, sizeof label, "%s", dir);
     }

@@ -114,7 +114,15 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
     }
     kn_tensor_source src = {.find = view_find, .ctx = &view, .outlives_model = 1};
     kn_model *m;
-    if ((rc = kn_model_build(&cfg, &src, be, ctx, o.max_seqs > 0 ? o.max_seqs : 1, &m, err))) {
+    kn_kv_spec kv;
+    if (o.kv && (rc = kn_kv_spec_parse(o.kv, o.kv_keep_layers == 0 ? -1 : o.kv_keep_layers < 0 ? 0 : o.kv_keep_layers,
+                                       &kv, err))) {
+        kn_backend_destroy(be);
+        free(view.used);
+        kn_st_close(st);
+        return rc;
+    }
+    if ((rc = kn_model_build_kv(&cfg, &src, be, ctx, o.max_seqs > 0 ? o.max_seqs : 1, o.kv ? &kv : NULL, &m, err))) {
         free(view.used);
         kn_st_close(st);
         return kn_fail_wrap(err, "%s", dir);

@@ -77,11 +77,13 @@ static void moments(const lm_dist *d, double a, double b, double *m0, double *m1
         *m2 = mass + (isinf(a) ? 0.0 : a * pa) - (isinf(b) ? 0.0 : b * pb);
         return;
     }
-    if (a < -d->lim) a = -d->lim;
-    if (b > d->lim) b = d->lim;
+    /* beyond 12 standard deviations the density is below e^-70: nothing to add */
+    const double cut = d->lim < 12.0 ? d->lim : 12.0;
+    if (a < -cut) a = -cut;
+    if (b > cut) b = cut;
     double s0 = 0.0, s1 = 0.0, s2 = 0.0;
     if (b > a) {
-        const double h = 0.125; /* panel width in units of the law's standard deviation (1) */
+        const double h = 0.5; /* panel width in units of the law's standard deviation (1) */
         int n = (int)ceil((b - a) / h);
         double w = (b - a) / n;
         for (int p = 0; p < n; p++) {

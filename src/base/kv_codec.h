@@ -56,8 +56,8 @@ typedef enum {
     KN_KVF_COUNT
 } kn_kv_fmt;
 
-/* Largest head_dim any format handles (rotations use a [D] scratch). */
-#define KN_KV_MAX_DIM 1024
+/* Largest head_dim a format other than f32 handles (codecs use a [D] scratch). */
+#define KN_KV_MAX_DIM 512
 
 /* Per-row side information a codec needs (all pointers into memory of the
  * side that runs the codec: host for the CPU, device for CUDA). */
@@ -121,8 +121,8 @@ KN_HD uint16_t kn_kv_f32_to_f16(float f) { /* round to nearest even; overflow ->
         if (x < 0x33000000u) return (uint16_t)sign;
         uint32_t m = (x & 0x7fffffu) | 0x800000u;
         int shift = 126 - (int)(x >> 23);
-        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1u))) h++;
+        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), hf = 1u << (shift - 1);
+        if (rem > hf || (rem == hf && (h & 1u))) h++;
         return (uint16_t)(sign | h);
     }
     uint32_t h = (x - 0x38000000u) >> 13, rem = x & 0x1fffu;

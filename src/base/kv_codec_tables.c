@@ -20,7 +20,7 @@ int kn_kv_fmt_parse(const char *s, int *out) {
 }
 
 int kn_kv_fmt_dim_ok(int f, int D) {
-    if (D <= 0 || D > KN_KV_MAX_DIM) return 0;
+    if (D <= 0 || (f != KN_KVF_F32 && D > KN_KV_MAX_DIM)) return 0;
     if (kn_kv_fmt_rotated(f)) return D == 64 || D == 128 || D == 256 || D == 512;
     const int g = kn_kv_fmt_group(f, D);
     if (g && (D % g != 0 || g % 2 != 0)) return 0;

@@ -62,7 +62,7 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_
     if (n_layers <= 0 || block_size <= 0 || n_blocks <= 0 || n_blocks > INT32_MAX / block_size)
         return kn_fail(err, KN_ERR_INVALID_ARG, "kv pool: invalid geometry");
     for (int l = 0; l < n_layers; l++)
-        if (pp->n_kv_heads[l] <= 0 || pp->head_dim[l] <= 0 || pp->head_dim[l] > KN_KV_MAX_DIM)
+        if (pp->n_kv_heads[l] <= 0 || pp->head_dim[l] <= 0)
             return kn_fail(err, KN_ERR_INVALID_ARG, "kv pool: invalid geometry of layer %d", l);
     kn_kv_spec spec = pp->spec ? *pp->spec : kn_kv_spec_default(KN_DT_F32);
     kn_code rc = kn_kv_spec_check(&spec, n_layers, pp->head_dim, err);

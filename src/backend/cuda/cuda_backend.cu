@@ -561,7 +561,12 @@ static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int 
 }
 static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                         int n_tokens, const int32_t *slots) {
-    k_kv_write<<<n_tokens, 256, 0, S>>>(kv->k, kv->v, k, v, stride, (int64_t)kv->n_kv_heads * kv->head_dim, slots);
+    if (kv->k_fmt != KN_KVF_F32 || kv->v_fmt != KN_KVF_F32) { /* quantize on write: cuda_kv.cu */
+        kn_cuda_kv_write(be, kv, k, v, stride, n_tokens, slots);
+        return;
+    }
+    k_kv_write<<<n_tokens, 256, 0, S>>>((float *)kv->k, (float *)kv->v, k, v, stride,
+                                        (int64_t)kv->n_kv_heads * kv->head_dim, slots);
 }
 static void cu_attention(kn_backend *be, const kn_attention_args *a) { kn_cuda_attention(be, a); }
 static void cu_swiglu(kn_backend *be, const float *gu, int rows, int dim, float *out) {

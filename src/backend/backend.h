@@ -81,6 +81,12 @@ typedef struct {
     const float *k_tab, *v_tab;     /* rotated formats: codebook (centroids, boundaries); else NULL */
     const float *signs;             /* rotated formats: [head_dim] +-1 sign flips of the rotation */
     const float *k_scale, *v_scale; /* fp8: [n_kv_heads] scales; else NULL */
+    /* delayed conversion (--kv-start): block ids >= n_blocks name blocks of a
+     * staging arena holding rows in s_fmt (bf16, never rotated) until their
+     * sequence is converted; NULL/0 when unused */
+    void *sk, *sv; /* [n_stage_blocks * block_size][n_kv_heads][row bytes of s_fmt] */
+    int s_fmt;
+    int64_t n_stage_blocks;
 } kn_kv_layer;
 
 /* Attention of n_tokens query rows, each against its own sequence's cached
@@ -242,6 +248,10 @@ typedef struct kn_backend_vtbl {
      * weight, kept packed (scales/biases widened to f32). matmul, matmul_add
      * and embed then accept it. */
     kn_code (*weight_load_quant)(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
+    /* optional (NULL: no delayed KV conversion): rows of staging slots
+     * src[i] (bf16 arena, kv->sk/sv) re-encoded into the layer's formats at
+     * compressed slots dst[i], i < n */
+    void (*kv_convert)(kn_backend *be, const kn_kv_layer *kv, const int32_t *src, const int32_t *dst, int n);
 } kn_backend_vtbl;
 
 struct kn_backend {

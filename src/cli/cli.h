@@ -29,6 +29,7 @@ typedef struct {
     int n_threads;
     const char *kv;    /* --kv FORMAT (validated); NULL = the model's default */
     int kv_keep;       /* --kv-keep-layers N: 0 = the format's default, < 0 = none */
+    int kv_start;      /* --kv-start N: delayed conversion; 0 = off */
     double gpu_memory; /* --gpu-memory fraction; 0 = the library default */
 } kn_cli_common;
 

@@ -55,6 +55,7 @@ int kn_cmd_serve(int argc, char **argv) {
     o.n_threads = common.n_threads;
     o.kv = common.kv;
     o.kv_keep_layers = common.kv_keep;
+    o.kv_start = common.kv_start;
     if (kn_server_run(&o, &err)) return kn_cli_error(&err);
     return 0;
 }

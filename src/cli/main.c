@@ -31,6 +31,7 @@ static const char usage[] =
     "  --kv FORMAT   KV cache: bf16 f32 fp8 q8 q8s q4 q4g64 tq3 tq4 k8v3 k4v3, or K:V (e.g. q8a:tqv3);\n"
     "                default: the model's compute dtype (f32 weights: f32, else bf16)\n"
     "  --kv-keep-layers N   first/last N layers stay bf16 (default 2 for formats under 4 bits; 0 = none)\n"
+    "  --kv-start N  delayed conversion: a sequence's cache stays bf16 until it holds N tokens (cpu backend)\n"
     "MODEL is a directory in Hugging Face layout or a repo id present in the HF cache.\n";
 
 int kn_cli_error(const kn_error *err) {
@@ -52,7 +53,7 @@ int kn_cli_common_opt(kn_cli_common *c, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     kn_error err = {0};
     if (!strcmp(a, "--backend") || !strcmp(a, "--threads") || !strcmp(a, "--kv") || !strcmp(a, "--gpu-memory") ||
-        !strcmp(a, "--kv-keep-layers")) {
+        !strcmp(a, "--kv-keep-layers") || !strcmp(a, "--kv-start")) {
         if (*i + 1 >= argc) {
             kn_cli_usage_error("%s needs a value", a);
             return -1;
@@ -71,6 +72,13 @@ int kn_cli_common_opt(kn_cli_common *c, int argc, char **argv, int *i) {
                 return -1;
             }
             c->kv = v;
+        } else if (!strcmp(a, "--kv-start")) {
+            long n;
+            if (kn_parse_int(a, v, 0, 1L << 24, &n, &err)) {
+                kn_cli_error(&err);
+                return -1;
+            }
+            c->kv_start = (int)n;
         } else if (!strcmp(a, "--kv-keep-layers")) {
             long n;
             if (kn_parse_int(a, v, 0, 4096, &n, &err)) {

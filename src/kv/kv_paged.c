@@ -67,6 +67,15 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_
     kn_kv_spec spec = pp->spec ? *pp->spec : kn_kv_spec_default(KN_DT_F32);
     kn_code rc = kn_kv_spec_check(&spec, n_layers, pp->head_dim, err);
     if (rc) return rc;
+    const int64_t n_stage = spec.kv_start > 0 ? pp->n_stage_blocks : 0;
+    if (spec.kv_start > 0) {
+        if (spec.kv_start % block_size || n_stage < spec.kv_start / block_size || n_stage > INT32_MAX / block_size - n_blocks)
+            return kn_fail(err, KN_ERR_INVALID_ARG, "kv pool: --kv-start %d needs a multiple of %d and staging blocks",
+                           spec.kv_start, block_size);
+        if (!be->vt->kv_convert)
+            return kn_fail(err, KN_ERR_UNSUPPORTED, "--kv-start: the %s backend cannot convert KV caches yet (use the "
+                           "cpu backend, or convert on write without --kv-start)", be->vt->name);
+    }
     kn_kv_pool *p = calloc(1, sizeof *p);
     if (!p) return kn_fail(err, KN_ERR_NOMEM, "kv pool: out of memory");
     p->be = be;
@@ -78,7 +87,14 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_
     p->layers = calloc((size_t)n_layers, sizeof *p->layers);
     p->tables = calloc((size_t)n_layers, sizeof *p->tables);
     p->free_list = malloc((size_t)n_blocks * sizeof *p->free_list);
-    p->refcount = calloc((size_t)n_blocks, sizeof *p->refcount);
+    p->refcount = calloc((size_t)(n_blocks + n_stage), sizeof *p->refcount);
+    p->n_stage_blocks = n_stage;
+    if (n_stage) {
+        p->stage_free_list = malloc((size_t)n_stage * sizeof *p->stage_free_list);
+        p->conv_host = malloc(2 * (size_t)spec.kv_start * sizeof *p->conv_host);
+        p->conv_dev = kn_be_alloc(be, 2 * (size_t)spec.kv_start * sizeof *p->conv_dev);
+        if (!p->stage_free_list || !p->conv_host || !p->conv_dev) goto oom_early;
+    }
     struct tab_cache *tc = calloc(1, sizeof *tc);
     if (!p->layers || !p->tables || !p->free_list || !p->refcount || !tc) goto oom;
     for (int l = 0; l < n_layers; l++) {
@@ -90,6 +106,14 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_
         L->k = kn_be_alloc(be, slots * (size_t)kn_kv_row_bytes(L->k_fmt, L->head_dim));
         L->v = kn_be_alloc(be, slots * (size_t)kn_kv_row_bytes(L->v_fmt, L->head_dim));
         if (!L->k || !L->v) goto oom;
+        if (n_stage) { /* staging rows: bf16 (the boundary format), never rotated */
+            const size_t ss = (size_t)n_stage * (size_t)block_size * (size_t)L->n_kv_heads;
+            L->s_fmt = spec.boundary_fmt;
+            L->n_stage_blocks = n_stage;
+            L->sk = kn_be_alloc(be, ss * (size_t)kn_kv_row_bytes(L->s_fmt, L->head_dim));
+            L->sv = kn_be_alloc(be, ss * (size_t)kn_kv_row_bytes(L->s_fmt, L->head_dim));
+            if (!L->sk || !L->sv) goto oom;
+        }
         if ((rc = layer_tables(p, l, &spec, tc, err))) {
             free(tc);
             kn_kv_pool_destroy(p);
@@ -100,8 +124,12 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_
     /* pop order 0, 1, 2, ...: sequences get ascending blocks */
     for (int64_t i = 0; i < n_blocks; i++) p->free_list[i] = (int32_t)(n_blocks - 1 - i);
     p->n_free = n_blocks;
+    for (int64_t i = 0; i < n_stage; i++) p->stage_free_list[i] = (int32_t)(n_blocks + n_stage - 1 - i);
+    p->n_stage_free = n_stage;
     *out = p;
     return KN_OK;
+oom_early:
+    tc = NULL;
 oom:
     free(tc);
     kn_kv_pool_destroy(p);
@@ -129,44 +157,100 @@ void kn_kv_pool_destroy(kn_kv_pool *p) {
         for (int l = 0; l < p->n_layers; l++) {
             kn_be_free(p->be, p->layers[l].k);
             kn_be_free(p->be, p->layers[l].v);
+            kn_be_free(p->be, p->layers[l].sk);
+            kn_be_free(p->be, p->layers[l].sv);
             if (p->tables) kn_be_free(p->be, p->tables[l]);
         }
     free(p->tables);
+    free(p->stage_free_list);
+    free(p->conv_host);
+    kn_be_free(p->be, p->conv_dev);
     free(p->layers);
     free(p->free_list);
     free(p->refcount);
     free(p);
 }
 
+static int grow(int32_t **arr, int *cap, int need) {
+    if (need <= *cap) return 1;
+    int c = *cap ? *cap : 8;
+    while (c < need) c *= 2;
+    int32_t *nb = realloc(*arr, (size_t)c * sizeof *nb);
+    if (!nb) return 0;
+    *arr = nb, *cap = c;
+    return 1;
+}
+
 kn_code kn_kv_seq_reserve(kn_kv_pool *p, kn_kv_seq *s, int n_positions, kn_error *err) {
     int need = (n_positions + p->block_size - 1) / p->block_size;
     if (need <= s->n_blocks) return KN_OK;
+    /* staged sequences take a bf16 block plus its future compressed block for
+     * every block below kv_start */
+    const int stage_to = kn_kv_seq_staged(p, s) ? p->header.spec.kv_start / p->block_size : 0;
+    const int n_staged = (need < stage_to ? need : stage_to) - (s->n_blocks < stage_to ? s->n_blocks : stage_to);
+    const int new_staged = n_staged > 0 ? n_staged : 0;
     if (need - s->n_blocks > p->n_free)
         return kn_fail(err, KN_ERR_NOMEM, "kv cache full: %d more blocks needed, %lld free", need - s->n_blocks,
                        (long long)p->n_free);
-    if (need > s->cap) {
-        int cap = s->cap ? s->cap : 8;
-        while (cap < need) cap *= 2;
-        int32_t *nb = realloc(s->blocks, (size_t)cap * sizeof *nb);
-        if (!nb) return kn_fail(err, KN_ERR_NOMEM, "kv cache: out of memory for block table");
-        s->blocks = nb;
-        s->cap = cap;
-    }
+    if (new_staged > p->n_stage_free)
+        return kn_fail(err, KN_ERR_NOMEM, "kv staging area full (--kv-start): %d more blocks needed, %lld free",
+                       new_staged, (long long)p->n_stage_free);
+    int shadow_cap = s->n_shadow; /* the shadow array is sized exactly by n_shadow growth below */
+    if (!grow(&s->blocks, &s->cap, need) || (new_staged && !grow(&s->shadow, &shadow_cap, s->n_blocks + new_staged + 8)))
+        return kn_fail(err, KN_ERR_NOMEM, "kv cache: out of memory for block table");
     while (s->n_blocks < need) {
         int32_t b = p->free_list[--p->n_free];
         p->refcount[b] = 1;
+        if (s->n_blocks < stage_to) { /* a staging block now, b once converted */
+            int32_t sb = p->stage_free_list[--p->n_stage_free];
+            p->refcount[sb] = 1;
+            s->shadow[s->n_shadow++] = b;
+            b = sb;
+        }
         s->blocks[s->n_blocks++] = b;
     }
     return KN_OK;
 }
 
+void kn_kv_block_unref(kn_kv_pool *p, int32_t b) {
+    if (!p->refcount[b] || --p->refcount[b]) return;
+    if (b >= p->n_blocks) p->stage_free_list[p->n_stage_free++] = b;
+    else p->free_list[p->n_free++] = b;
+}
+
 void kn_kv_seq_release(kn_kv_pool *p, kn_kv_seq *s) {
-    for (int i = s->n_blocks - 1; i >= 0; i--) {
-        int32_t b = s->blocks[i];
-        if (p->refcount[b] && --p->refcount[b] == 0) p->free_list[p->n_free++] = b;
-    }
+    for (int i = s->n_blocks - 1; i >= 0; i--) kn_kv_block_unref(p, s->blocks[i]);
+    for (int i = s->n_shadow - 1; i >= 0; i--) kn_kv_block_unref(p, s->shadow[i]);
     free(s->blocks);
+    free(s->shadow);
     memset(s, 0, sizeof *s);
+}
+
+kn_code kn_kv_seq_convert(kn_kv_pool *p, kn_kv_seq *s, kn_error *err) {
+    if (!kn_kv_seq_staged(p, s)) return KN_OK;
+    const int start = p->header.spec.kv_start, bs = p->block_size;
+    if (s->n_tokens < start)
+        return kn_fail(err, KN_ERR_INTERNAL, "kv convert: the sequence holds %d of the %d tokens", s->n_tokens, start);
+    int n = 0;
+    for (int i = 0; i < s->n_shadow && i < s->n_blocks; i++) {
+        const int32_t b = s->blocks[i];
+        if (b < p->n_blocks) continue; /* already compressed (a shared prefix block) */
+        for (int o = 0; o < bs; o++)
+            p->conv_host[n] = (int32_t)((b - p->n_blocks) * bs + o), p->conv_host[start + n] = s->shadow[i] * bs + o, n++;
+    }
+    if (n) {
+        kn_be_upload(p->be, p->conv_dev, p->conv_host, 2 * (size_t)start * sizeof(int32_t));
+        for (int l = 0; l < p->n_layers; l++) /* one layer at a time */
+            p->be->vt->kv_convert(p->be, &p->layers[l], p->conv_dev, p->conv_dev + start, n);
+    }
+    for (int i = 0; i < s->n_shadow && i < s->n_blocks; i++) {
+        const int32_t b = s->blocks[i];
+        if (b >= p->n_blocks) s->blocks[i] = s->shadow[i], kn_be_sync(p->be), kn_kv_block_unref(p, b);
+        else kn_kv_block_unref(p, s->shadow[i]); /* unused: the shared block stays */
+    }
+    s->n_shadow = 0;
+    s->converted_at = start;
+    return KN_OK;
 }
 
 int64_t kn_kv_bytes_per_token(const kn_kv_pool *p) {

@@ -31,6 +31,8 @@ typedef struct {
     int boundary_layers; /* the first and the last this many layers use boundary_fmt */
     int boundary_fmt;    /* KN_KVF_BF16 */
     uint64_t seed;       /* sign vectors of the rotated formats */
+    int kv_start;        /* delayed conversion (--kv-start N): a sequence stays bf16 until it holds this
+                            many tokens (a multiple of the block size); 0 = convert on write */
 } kn_kv_spec;
 
 /* Parse FORMAT: f32, bf16, fp8, q8, q8s, q4, q4g64, tq3, tq4, k8v3, k4v3, or
@@ -63,6 +65,7 @@ typedef struct {
     int64_t n_blocks;
     const int *n_kv_heads, *head_dim; /* [n_layers] */
     const kn_kv_spec *spec;           /* NULL: f32 everywhere */
+    int64_t n_stage_blocks;           /* spec->kv_start > 0: bf16 staging blocks (max_seqs x kv_start / block_size) */
 } kn_kv_pool_params;
 
 typedef struct {
@@ -74,13 +77,22 @@ typedef struct {
     void **tables;       /* [n_layers] backend memory behind each layer's tab/signs/scale pointers */
     int32_t *free_list;  /* stack of free block ids */
     int64_t n_free;
-    uint16_t *refcount; /* [n_blocks] */
+    uint16_t *refcount; /* [n_blocks + n_stage_blocks] */
+    /* delayed conversion: staging block ids are n_blocks + i */
+    int64_t n_stage_blocks, n_stage_free;
+    int32_t *stage_free_list;
+    int32_t *conv_host, *conv_dev; /* [2 * kv_start] slot pairs of one conversion (host, backend) */
 } kn_kv_pool;
 
 typedef struct {
     int32_t *blocks; /* block ids, in position order */
     int n_blocks, cap;
     int n_tokens; /* positions [0, n_tokens) hold valid K/V */
+    /* delayed conversion: blocks [0, n_shadow) of the table may be staging
+     * blocks; shadow[i] is the compressed block reserved to replace block i */
+    int32_t *shadow;
+    int n_shadow;
+    int converted_at; /* offset where the cache was converted (prefix reuse below it needs bf16); 0 = none */
 } kn_kv_seq;
 
 /* Uniform f32 pool (every layer n_kv_heads x head_dim). */
@@ -95,6 +107,27 @@ void kn_kv_pool_destroy(kn_kv_pool *pool);
 kn_code kn_kv_seq_reserve(kn_kv_pool *pool, kn_kv_seq *seq, int n_positions, kn_error *err);
 /* Return all of seq's blocks to the pool and reset it (safe to call twice). */
 void kn_kv_seq_release(kn_kv_pool *pool, kn_kv_seq *seq);
+/* Drop one reference to block b (compressed or staging). */
+void kn_kv_block_unref(kn_kv_pool *pool, int32_t b);
+
+/* Delayed conversion (spec.kv_start = N > 0). A sequence holding fewer than
+ * N tokens keeps positions < N in bf16 staging blocks; before a token at
+ * position >= N is appended, kn_kv_seq_convert re-encodes those rows into
+ * the compressed blocks reserved for them, one layer at a time (the
+ * transient is the shadow blocks reserved up front), and records N in
+ * converted_at. An append (prefill chunk) never straddles N:
+ * kn_kv_max_append caps it. */
+static inline int kn_kv_seq_staged(const kn_kv_pool *pool, const kn_kv_seq *seq) {
+    return pool->header.spec.kv_start > 0 && !seq->converted_at;
+}
+/* Largest append of up to want tokens starting at position pos. */
+static inline int kn_kv_max_append(const kn_kv_pool *pool, const kn_kv_seq *seq, int pos, int want) {
+    const int n = pool->header.spec.kv_start;
+    if (!kn_kv_seq_staged(pool, seq) || pos >= n || pos + want <= n) return want;
+    return n - pos;
+}
+/* Convert seq (it must hold kv_start tokens); no-op when not staged. */
+kn_code kn_kv_seq_convert(kn_kv_pool *pool, kn_kv_seq *seq, kn_error *err);
 
 static inline int32_t kn_kv_seq_slot(const kn_kv_pool *pool, const kn_kv_seq *seq, int pos) {
     return seq->blocks[pos / pool->block_size] * pool->block_size + pos % pool->block_size;

@@ -21,6 +21,7 @@
  * Expert layers live in moe.c. */
 #include <math.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -408,8 +409,11 @@ kn_code kn_model_build_kv(const kn_model_config *cfg, const kn_tensor_source *sr
         const kn_weight *w0 = &m->layers[0].qkv;
         kn_kv_spec spec = kv ? *kv : kn_kv_spec_default(w0->bits ? KN_DT_BF16 : w0->dtype);
         int64_t kv_blocks = (int64_t)m->max_blocks * max_seqs;
+        if (spec.kv_start > 0 && spec.k_fmt == spec.boundary_fmt && spec.v_fmt == spec.boundary_fmt) spec.kv_start = 0;
+        if (spec.kv_start > max_context) spec.kv_start = 0; /* never reached: the cache stays bf16 (refused below) */
         kn_kv_pool_params pp = {.n_layers = c->n_layers, .block_size = KN_KV_BLOCK_SIZE, .n_blocks = kv_blocks,
-                                .n_kv_heads = geo, .head_dim = geo + c->n_layers, .spec = &spec};
+                                .n_kv_heads = geo, .head_dim = geo + c->n_layers, .spec = &spec,
+                                .n_stage_blocks = (int64_t)max_seqs * (spec.kv_start / KN_KV_BLOCK_SIZE)};
         if (!(rc = kn_kv_spec_check(&spec, c->n_layers, pp.head_dim, err)) &&
             !(rc = plan_kv_blocks(m, kn_kv_spec_bytes_per_token(&spec, c->n_layers, geo, geo + c->n_layers), &kv_blocks, err))) {
             pp.n_blocks = kv_blocks;
@@ -621,6 +625,21 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     if (n <= 0 || n > m->max_chunk || b->n_seqs > m->max_seqs)
         return kn_fail(err, KN_ERR_INVALID_ARG, "forward: batch of %d tokens / %d sequences exceeds %d / %d", n,
                        b->n_seqs, m->max_chunk, m->max_seqs);
+    /* delayed KV conversion: a staged sequence appending at or beyond
+     * kv_start is converted first; an append may not straddle kv_start */
+    for (int s = 0; s < b->n_seqs && m->kv->header.spec.kv_start > 0; s++) {
+        kn_kv_seq *sq = b->seqs[s];
+        if (!kn_kv_seq_staged(m->kv, sq)) continue;
+        int lo = INT32_MAX, hi = -1;
+        for (int t = 0; t < n; t++)
+            if (b->seq[t] == s) lo = b->pos[t] < lo ? b->pos[t] : lo, hi = b->pos[t] > hi ? b->pos[t] : hi;
+        const int start = m->kv->header.spec.kv_start;
+        if (hi >= start && lo < start)
+            return kn_fail(err, KN_ERR_INVALID_ARG, "forward: positions %d..%d straddle --kv-start %d (cap the chunk "
+                           "with kn_kv_max_append)", lo, hi, start);
+        kn_code rc;
+        if (lo >= start && hi >= 0 && (rc = kn_kv_seq_convert(m->kv, sq, err))) return rc;
+    }
     int32_t slots[MAX_CHUNK];
     for (int t = 0; t < n; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= c->vocab_size)

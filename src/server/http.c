@@ -437,7 +437,8 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
 
     kn_code rc;
     kn_model_options mo = {.backend = o->backend, .n_threads = o->n_threads, .max_context = o->max_context,
-                           .max_seqs = s->opt.max_batch, .kv = o->kv, .kv_keep_layers = o->kv_keep_layers};
+                           .max_seqs = s->opt.max_batch, .kv = o->kv, .kv_keep_layers = o->kv_keep_layers,
+                           .kv_start = o->kv_start};
     if (!o->synthetic && o->max_context <= 0 && (rc = pick_context(o, s->opt.max_batch, &mo.max_context, err)))
         goto done;
     struct MHD_Daemon *d = NULL;

@@ -401,6 +401,7 @@ static const kn_backend_vtbl cpu_vtbl = {
     .moe_ffn = kn_cpu_moe_ffn,
     .mul_rows = kn_cpu_mul_rows,
     .weight_load_quant = kn_cpu_weight_load_quant,
+    .kv_convert = kn_cpu_kv_convert,
 };
 
 /* Attention scratch holds one score row per thread; sized for the longest

@@ -625,6 +625,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     kn_cuda_softcap, kn_cuda_scale, kn_cuda_sigmoid_gate_add, kn_cuda_moe_route, kn_cuda_moe_ffn, /* cuda_ops_models.cu */
     kn_cuda_mul_rows,
     kn_cuda_weight_load_quant, /* cuda_quant.cu */
+    NULL,                      /* kv_convert: delayed KV conversion is CPU-only so far */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

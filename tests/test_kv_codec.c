@@ -235,6 +235,46 @@ static void test_row_bytes(void) {
           "rotated formats refuse head_dim 96");
 }
 
+/* a 6-layer k8v3 pool: boundary layers bf16, memory per token from the formula, the header */
+static void test_pool_formats(void) {
+    kn_kv_spec spec;
+    kn_error err = {0};
+    kn_kv_spec_parse("k8v3", -1, &spec, &err);
+    int heads[6] = {2, 2, 2, 2, 2, 2}, dims[6] = {128, 128, 128, 128, 128, 128};
+    kn_kv_pool_params pp = {.n_layers = 6, .block_size = 16, .n_blocks = 4, .n_kv_heads = heads, .head_dim = dims,
+                            .spec = &spec};
+    kn_kv_pool *p;
+    if (kn_kv_pool_create_ex(be, &pp, &p, &err)) {
+        CHECK(0, "k8v3 pool: %s", err.msg);
+        return;
+    }
+    CHECK(p->layers[0].k_fmt == KN_KVF_BF16 && p->layers[1].v_fmt == KN_KVF_BF16 && p->layers[5].k_fmt == KN_KVF_BF16,
+          "boundary layers (first 2, last 2) stay bf16");
+    CHECK(p->layers[2].k_fmt == KN_KVF_Q8A && p->layers[3].v_fmt == KN_KVF_TQV3, "middle layers: q8a keys, tqv3 values");
+    CHECK(kn_kv_bytes_per_token(p) == 4 * 2 * 512 + 2 * 2 * 200, "bytes per token: 4 bf16 layers + 2 k8v3 layers");
+    CHECK(kn_kv_bytes_per_token(p) == kn_kv_spec_bytes_per_token(&spec, 6, heads, dims), "pool matches the formula");
+    CHECK(p->header.magic == KN_KV_MAGIC && p->header.spec.seed == KN_KV_SIGN_SEED && !strcmp(p->header.spec.name, "k8v3"),
+          "cache header records the format and the sign seed");
+    kn_kv_pool_destroy(p);
+    /* delayed conversion accounting: staging blocks below kv_start, shadows returned on release */
+    spec.kv_start = 32, spec.boundary_layers = 0;
+    pp.spec = &spec, pp.n_blocks = 8, pp.n_stage_blocks = 2;
+    if (kn_kv_pool_create_ex(be, &pp, &p, &err)) {
+        CHECK(0, "staged pool: %s", err.msg);
+        return;
+    }
+    kn_kv_seq a = {0}, b = {0};
+    CHECK(kn_kv_seq_reserve(p, &a, 40, &err) == KN_OK && a.n_blocks == 3 && a.n_shadow == 2 && p->n_free == 5 &&
+              p->n_stage_free == 0, "staged reserve: 2 staging + 2 shadow + 1 compressed block");
+    CHECK(kn_kv_seq_reserve(p, &b, 10, &err) == KN_ERR_NOMEM && b.n_blocks == 0, "staging area exhausted: refused");
+    a.n_tokens = 32;
+    CHECK(kn_kv_seq_convert(p, &a, &err) == KN_OK && a.converted_at == 32 && a.blocks[0] < p->n_blocks &&
+              p->n_stage_free == 2 && p->n_free == 5, "conversion swaps staging blocks for their shadows");
+    kn_kv_seq_release(p, &a);
+    CHECK(p->n_free == 8 && p->n_stage_free == 2, "all blocks back after release");
+    kn_kv_pool_destroy(p);
+}
+
 /* ---- kernels ------------------------------------------------------------------ */
 
 static void *dev(const void *host, size_t bytes) {
@@ -362,6 +402,7 @@ int main(void) {
         test_rotation();
         test_scalars();
         test_row_bytes();
+        test_pool_formats();
         test_roundtrip();
         test_tq_distortion();
         printf("  codec checks: %.1f s\n", now() - t0);

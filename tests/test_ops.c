@@ -432,7 +432,7 @@ static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, 
             const int32_t *row = bt + seq[t] * max_blocks;
             double mx = -1e300, sum = 0;
             for (int j = lo; j <= p; j++) {
-                const float *k = kv.k + ((int64_t)row[j / bs] * bs + j % bs) * slot_w + kvh * hd;
+                const float *k = (const float *)kv.k + ((int64_t)row[j / bs] * bs + j % bs) * slot_w + kvh * hd;
                 double s = 0;
                 for (int d = 0; d < hd; d++) s += (double)q[t * qs + h * hd + d] * k[d];
                 sc[j] = s * scale;
@@ -443,7 +443,7 @@ static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, 
             for (int d = 0; d < hd; d++) {
                 double ref = 0;
                 for (int j = lo; j <= p; j++)
-                    ref += sc[j] / sum * kv.v[((int64_t)row[j / bs] * bs + j % bs) * slot_w + kvh * hd + d];
+                    ref += sc[j] / sum * ((const float *)kv.v)[((int64_t)row[j / bs] * bs + j % bs) * slot_w + kvh * hd + d];
                 float got = out[((int64_t)t * n_heads + h) * hd + d];
                 if (!close_to(got, ref, 1.0, tol)) {
                     CHECK(0, "attention heads=%d/%d hd=%d len=%d/%d window=%d q0=%d dt=%d softcap=%g [t%d h%d d%d]: got %g want %g",

@@ -45,6 +45,11 @@ typedef struct {
     int max_context;     /* 0 = min(config max_position_embeddings, 8192) */
     double gpu_memory;   /* fraction of GPU memory to use (weights + KV + scratch); 0 = 0.9 */
     int max_seqs;        /* sequences one forward may mix (serving batch); 0 = 1 */
+    const char *kv;      /* KV cache format (KV_FORMATS.md: bf16, q8, fp8, q4, k8v3, tq4, k4v3, "K:V", ...);
+                            NULL = the compute dtype's (f32 for f32 weights, else bf16) */
+    int kv_keep_layers;  /* layers kept bf16 at each end: 0 = the format's default (2 below 4 bits), < 0 = none */
+    int kv_start;        /* delayed conversion: sequences stay bf16 until they hold this many tokens (rounded up
+                            to 16), then convert to kv; 0 = convert on write (CPU backend only so far) */
 } kn_model_options;
 
 /* Open a model directory in HF layout (config.json + *.safetensors). */

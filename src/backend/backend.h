@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
+#include "base/kv_codec.h"
 #include "base/status.h"
 
 typedef struct kn_backend kn_backend;
@@ -66,12 +67,26 @@ typedef struct {
 } kn_rope_table;
 
 /* Paged KV storage of one layer: blocks of block_size token slots, each slot
- * holding n_kv_heads x head_dim floats for K and for V. slot = block *
- * block_size + offset. */
+ * holding n_kv_heads rows for K and for V. slot = block * block_size +
+ * offset. A row is head_dim values in the layer's format (base/kv_codec.h):
+ * KN_KVF_F32 (0, the zero-initialised default) is head_dim floats; other
+ * formats are kn_kv_row_bytes(fmt, head_dim) bytes. kv_write quantizes on
+ * append and attention reads the stored rows directly (rotated formats in
+ * the rotated domain). */
 typedef struct {
-    float *k, *v;
+    void *k, *v; /* [n_blocks * block_size][n_kv_heads][row bytes] */
     int block_size, n_kv_heads, head_dim;
     int64_t n_blocks;
+    int k_fmt, v_fmt;               /* kn_kv_fmt */
+    const float *k_tab, *v_tab;     /* rotated formats: codebook (centroids, boundaries); else NULL */
+    const float *signs;             /* rotated formats: [head_dim] +-1 sign flips of the rotation */
+    const float *k_scale, *v_scale; /* fp8: [n_kv_heads] scales; else NULL */
+    /* delayed conversion (--kv-start): block ids >= n_blocks name blocks of a
+     * staging arena holding rows in s_fmt (bf16, never rotated) until their
+     * sequence is converted; NULL/0 when unused */
+    void *sk, *sv; /* [n_stage_blocks * block_size][n_kv_heads][row bytes of s_fmt] */
+    int s_fmt;
+    int64_t n_stage_blocks;
 } kn_kv_layer;
 
 /* Attention of n_tokens query rows, each against its own sequence's cached
@@ -241,6 +256,10 @@ typedef struct kn_backend_vtbl {
      * Numerically the same as rms_norm, matmul (and swiglu) in sequence. */
     int (*fused_matmul)(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                         const float *bias, float *out, int epilogue);
+    /* optional (NULL: no delayed KV conversion): rows of staging slots
+     * src[i] (bf16 arena, kv->sk/sv) re-encoded into the layer's formats at
+     * compressed slots dst[i], i < n */
+    void (*kv_convert)(kn_backend *be, const kn_kv_layer *kv, const int32_t *src, const int32_t *dst, int n);
 } kn_backend_vtbl;
 
 enum { KN_EPI_NONE = 0, KN_EPI_SWIGLU = 1 };

@@ -27,7 +27,9 @@ int kn_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)
 typedef struct {
     const char *backend;
     int n_threads;
-    const char *kv;
+    const char *kv;    /* --kv FORMAT (validated); NULL = the model's default */
+    int kv_keep;       /* --kv-keep-layers N: 0 = the format's default, < 0 = none */
+    int kv_start;      /* --kv-start N: delayed conversion; 0 = off */
     double gpu_memory; /* --gpu-memory fraction; 0 = the library default */
 } kn_cli_common;
 

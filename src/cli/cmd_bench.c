@@ -64,8 +64,8 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
     /* prefill: each sequence's prompt, in chunks */
     double t0 = now_s();
     for (int b = 0; !rc && b < batch; b++) {
-        for (int c0 = 0; !rc && c0 < prompt; c0 += m->max_chunk) {
-            int n = prompt - c0 < m->max_chunk ? prompt - c0 : m->max_chunk;
+        for (int c0 = 0, n = 0; !rc && c0 < prompt; c0 += n) {
+            n = kn_kv_max_append(m->kv, sp[b], c0, prompt - c0 < m->max_chunk ? prompt - c0 : m->max_chunk);
             for (int i = 0; i < n; i++) tok[i] = (int32_t)((c0 + i) * 7919 % V), pos[i] = c0 + i, sidx[i] = 0;
             int32_t last = n - 1;
             kn_batch bt = {.n_tokens = n, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = 1, .seqs = &sp[b],
@@ -113,6 +113,7 @@ int kn_cmd_bench(int argc, char **argv) {
         const char *a = argv[i];
         int r = kn_cli_common_opt(&common, argc, argv, &i);
         if (r < 0) return 2;
+        if (r && common.kv_start) return kn_cli_usage_error("bench: --kv-start is not supported (bench measures one format)");
         if (r) continue;
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         kn_code rc = KN_OK;
@@ -162,7 +163,14 @@ int kn_cmd_bench(int argc, char **argv) {
         }
         be->memory_fraction = common.gpu_memory;
         kn_tensor_source src = kn_synthetic_source(syn);
-        if ((rc = kn_model_build(&cfg, &src, be, ctx, (int)batch, &m, &err))) {
+        kn_kv_spec kvs;
+        if (common.kv && kn_kv_spec_parse(common.kv, common.kv_keep == 0 ? -1 : common.kv_keep < 0 ? 0 : common.kv_keep,
+                                          &kvs, &err)) {
+            kn_backend_destroy(be);
+            kn_synthetic_free(syn);
+            return kn_cli_error(&err);
+        }
+        if ((rc = kn_model_build_kv(&cfg, &src, be, ctx, (int)batch, common.kv ? &kvs : NULL, &m, &err))) {
             kn_synthetic_free(syn);
             return kn_cli_error(&err);
         }
@@ -172,7 +180,7 @@ int kn_cmd_bench(int argc, char **argv) {
         char dir[4096];
         if ((rc = kn_resolve_model_path(model, dir, sizeof dir, &err))) return kn_cli_error(&err);
         kn_model_options o = {.backend = common.backend, .n_threads = common.n_threads, .max_context = ctx,
-                              .gpu_memory = common.gpu_memory};
+                              .gpu_memory = common.gpu_memory, .kv = common.kv, .kv_keep_layers = common.kv_keep};
         if ((rc = kn_model_open(dir, &o, &m, &err))) return kn_cli_error(&err);
         snprintf(label, sizeof label, "%s", dir);
     }

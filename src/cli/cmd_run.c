@@ -22,7 +22,8 @@ static kn_code open_model_dir(const char *arg, const kn_cli_common *c, kn_model 
                               kn_error *err) {
     kn_code rc = kn_resolve_model_path(arg, dir, dir_len, err);
     if (rc) return rc;
-    kn_model_options o = {.backend = c->backend, .n_threads = c->n_threads, .gpu_memory = c->gpu_memory};
+    kn_model_options o = {.backend = c->backend, .n_threads = c->n_threads, .gpu_memory = c->gpu_memory, .kv = c->kv,
+                          .kv_keep_layers = c->kv_keep, .kv_start = c->kv_start};
     rc = kn_model_open(dir, &o, m, err);
     if (!rc && kn_model_notes(*m)[0]) fprintf(stderr, "kiln: note: %s\n", kn_model_notes(*m));
     return rc;

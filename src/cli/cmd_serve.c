@@ -53,6 +53,9 @@ int kn_cmd_serve(int argc, char **argv) {
     o.model_dir = model ? dir : NULL;
     o.backend = common.backend;
     o.n_threads = common.n_threads;
+    o.kv = common.kv;
+    o.kv_keep_layers = common.kv_keep;
+    o.kv_start = common.kv_start;
     if (kn_server_run(&o, &err)) return kn_cli_error(&err);
     return 0;
 }

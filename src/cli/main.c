@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "kv/kv_paged.h"
 
 static const char usage[] =
     "usage: kiln <command> [options]\n"
@@ -26,7 +27,11 @@ static const char usage[] =
     "  serve MODEL [--host 127.0.0.1] [--port 8080] [--max-batch 8] [--api-key KEY] [--ctx N]\n"
     "        OpenAI/Anthropic-compatible HTTP server (see docs/SERVER.md)\n"
     "\n"
-    "common options: --backend cpu|cuda  --threads N  --kv f32  --gpu-memory FRACTION (of GPU memory; default 0.9)\n"
+    "common options: --backend cpu|cuda  --threads N  --gpu-memory FRACTION (of GPU memory; default 0.9)\n"
+    "  --kv FORMAT   KV cache: bf16 f32 fp8 q8 q8s q4 q4g64 tq3 tq4 k8v3 k4v3, or K:V (e.g. q8a:tqv3);\n"
+    "                default: the model's compute dtype (f32 weights: f32, else bf16)\n"
+    "  --kv-keep-layers N   first/last N layers stay bf16 (default 2 for formats under 4 bits; 0 = none)\n"
+    "  --kv-start N  delayed conversion: a sequence's cache stays bf16 until it holds N tokens (cpu backend)\n"
     "MODEL is a directory in Hugging Face layout or a repo id present in the HF cache.\n";
 
 int kn_cli_error(const kn_error *err) {
@@ -47,7 +52,8 @@ int kn_cli_usage_error(const char *fmt, ...) {
 int kn_cli_common_opt(kn_cli_common *c, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     kn_error err = {0};
-    if (!strcmp(a, "--backend") || !strcmp(a, "--threads") || !strcmp(a, "--kv") || !strcmp(a, "--gpu-memory")) {
+    if (!strcmp(a, "--backend") || !strcmp(a, "--threads") || !strcmp(a, "--kv") || !strcmp(a, "--gpu-memory") ||
+        !strcmp(a, "--kv-keep-layers") || !strcmp(a, "--kv-start")) {
         if (*i + 1 >= argc) {
             kn_cli_usage_error("%s needs a value", a);
             return -1;
@@ -60,11 +66,26 @@ int kn_cli_common_opt(kn_cli_common *c, int argc, char **argv, int *i) {
                 return -1;
             }
         } else if (!strcmp(a, "--kv")) {
-            if (strcmp(v, "f32") != 0) {
-                kn_cli_usage_error("--kv %s: KV format not available in this build (supported: f32)", v);
+            kn_kv_spec spec;
+            if (kn_kv_spec_parse(v, -1, &spec, &err)) {
+                kn_cli_usage_error("%s", err.msg);
                 return -1;
             }
             c->kv = v;
+        } else if (!strcmp(a, "--kv-start")) {
+            long n;
+            if (kn_parse_int(a, v, 0, 1L << 24, &n, &err)) {
+                kn_cli_error(&err);
+                return -1;
+            }
+            c->kv_start = (int)n;
+        } else if (!strcmp(a, "--kv-keep-layers")) {
+            long n;
+            if (kn_parse_int(a, v, 0, 4096, &n, &err)) {
+                kn_cli_error(&err);
+                return -1;
+            }
+            c->kv_keep = n > 0 ? (int)n : -1;
         } else {
             long t;
             if (kn_parse_int("--threads", v, 0, 4096, &t, &err)) {

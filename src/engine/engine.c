@@ -446,6 +446,7 @@ static void engine_step(kn_engine *e) {
         if (r->state != ST_PREFILL) continue;
         int c = r->n_prompt - r->n_prefilled, room = e->step_tokens - n;
         if (c > room) c = room;
+        c = kn_kv_max_append(e->m->kv, &r->kv, r->n_prefilled, c); /* never straddle --kv-start */
         for (int k = 0; k < c; k++) {
             e->tokens[n + k] = r->prompt[r->n_prefilled + k];
             e->pos[n + k] = r->n_prefilled + k;

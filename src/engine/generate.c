@@ -63,8 +63,8 @@ kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_s
     const int greedy = sp->temperature <= 0.0f || sp->top_k == 1;
     int32_t next = 0;
     double t0 = now_seconds();
-    for (int c0 = 0; !rc && c0 < n_prompt; c0 += m->max_chunk) {
-        int n = n_prompt - c0 < m->max_chunk ? n_prompt - c0 : m->max_chunk;
+    for (int c0 = 0, n = 0; !rc && c0 < n_prompt; c0 += n) {
+        n = kn_kv_max_append(m->kv, &seq, c0, n_prompt - c0 < m->max_chunk ? n_prompt - c0 : m->max_chunk);
         for (int i = 0; i < n; i++) pos[i] = c0 + i;
         int32_t last = n - 1;
         int want = c0 + n == n_prompt;

@@ -71,9 +71,7 @@ kn_code kn_prefix_cache_create(kn_kv_pool *pool, int64_t max_blocks, kn_prefix_c
     return KN_OK;
 }
 
-static void block_unref(kn_kv_pool *p, int32_t b) {
-    if (p->refcount[b] && --p->refcount[b] == 0) p->free_list[p->n_free++] = b;
-}
+static void block_unref(kn_kv_pool *p, int32_t b) { kn_kv_block_unref(p, b); }
 
 /* table position of hash (entry index at table[pos], or -1 where it would go) */
 static int64_t find_pos(const kn_prefix_cache *c, uint64_t hash) {
@@ -137,7 +135,9 @@ void kn_prefix_cache_destroy(kn_prefix_cache *c) {
 int kn_prefix_cache_attach(kn_prefix_cache *c, kn_kv_seq *seq, const int32_t *tokens, int n) {
     const int bs = c->pool->block_size;
     int n_full = n / bs, k = 0;
-    if (n_full == 0 || seq->n_blocks != 0) return 0;
+    /* delayed KV conversion: cached blocks would mix formats below kv_start
+     * (reuse there needs bf16 rows); no reuse */
+    if (n_full == 0 || seq->n_blocks != 0 || c->pool->header.spec.kv_start > 0) return 0;
     if (seq->cap < n_full) {
         int32_t *nb = realloc(seq->blocks, (size_t)n_full * sizeof *nb);
         if (!nb) return 0;
@@ -165,6 +165,7 @@ int kn_prefix_cache_attach(kn_prefix_cache *c, kn_kv_seq *seq, const int32_t *to
 
 void kn_prefix_cache_insert(kn_prefix_cache *c, const kn_kv_seq *seq, const int32_t *tokens, int n) {
     const int bs = c->pool->block_size;
+    if (c->pool->header.spec.kv_start > 0) return; /* see kn_prefix_cache_attach */
     int n_full = n / bs;
     if (n_full > seq->n_blocks) n_full = seq->n_blocks;
     uint64_t parent = 0;

@@ -21,6 +21,7 @@
  * Expert layers live in moe.c. */
 #include <math.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -257,7 +258,7 @@ static kn_code build_rope(kn_model *m, const kn_rope_config *r, int head_dim, kn
  * Fewer blocks than one full-context sequence is an error naming the
  * numbers, never an out-of-memory crash later; requests beyond the pool are
  * refused by kn_kv_seq_reserve. */
-static kn_code plan_kv_blocks(kn_model *m, int64_t slot_floats, int64_t *blocks, kn_error *err) {
+static kn_code plan_kv_blocks(kn_model *m, int64_t bytes_per_token, int64_t *blocks, kn_error *err) {
     kn_backend *be = m->be;
     if (!be->vt->memory_info) return KN_OK;
     size_t free_b = 0, total_b = 0;
@@ -266,8 +267,7 @@ static kn_code plan_kv_blocks(kn_model *m, int64_t slot_floats, int64_t *blocks,
     const double frac = be->memory_fraction > 0 ? be->memory_fraction : 0.9;
     const double used = (double)(total_b - free_b), budget = frac * (double)total_b - used;
     const double reserve = 256.0 * (1 << 20); /* cuBLAS workspace, attention scratch, graphs */
-    const kn_model_config *c = &m->cfg;
-    const double per_block = 2.0 * c->n_layers * (double)KN_KV_BLOCK_SIZE * (double)slot_floats * sizeof(float);
+    const double per_block = (double)KN_KV_BLOCK_SIZE * (double)bytes_per_token; /* KV_FORMATS.md memory formula */
     const int64_t fit = budget > reserve ? (int64_t)((budget - reserve) / per_block) : 0;
     if (fit < m->max_blocks)
         return kn_fail(err, KN_ERR_NOMEM,
@@ -281,6 +281,11 @@ static kn_code plan_kv_blocks(kn_model *m, int64_t slot_floats, int64_t *blocks,
 
 kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, kn_backend *be, int max_context,
                        int max_seqs, kn_model **out, kn_error *err) {
+    return kn_model_build_kv(cfg, src, be, max_context, max_seqs, NULL, out, err);
+}
+
+kn_code kn_model_build_kv(const kn_model_config *cfg, const kn_tensor_source *src, kn_backend *be, int max_context,
+                          int max_seqs, const kn_kv_spec *kv, kn_model **out, kn_error *err) {
     *out = NULL;
     kn_model *m = calloc(1, sizeof *m);
     if (!m) {
@@ -400,19 +405,26 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
         goto fail;
     }
     {
-        /* uniform layers: the pool's shape; otherwise slots as wide as the widest layer, viewed per layer */
-        int uniform = 1;
-        for (int l = 0; l < c->n_layers; l++) uniform &= m->layers[l].kv_dim == c->n_kv_heads * c->head_dim;
-        const int pool_heads = uniform ? c->n_kv_heads : 1, pool_dim = uniform ? c->head_dim : m->kv_dim;
+        /* one pool layer per model layer, in the layer's own shape and format */
+        int *geo = malloc(2 * (size_t)c->n_layers * sizeof *geo);
+        if (!geo) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto fail; }
+        for (int l = 0; l < c->n_layers; l++) geo[l] = m->layers[l].n_kv_heads, geo[c->n_layers + l] = m->layers[l].head_dim;
+        const kn_weight *w0 = &m->layers[0].qkv;
+        kn_kv_spec spec = kv ? *kv : kn_kv_spec_default(w0->bits ? KN_DT_BF16 : w0->dtype);
         int64_t kv_blocks = (int64_t)m->max_blocks * max_seqs;
-        if ((rc = plan_kv_blocks(m, (int64_t)pool_heads * pool_dim, &kv_blocks, err))) goto fail;
-        if ((rc = kn_kv_pool_create(be, c->n_layers, pool_heads, pool_dim, KN_KV_BLOCK_SIZE, kv_blocks, &m->kv, err)))
-            goto fail;
-        for (int l = 0; l < c->n_layers; l++) {
-            m->kvl[l] = m->kv->layers[l];
-            m->kvl[l].n_kv_heads = m->layers[l].n_kv_heads;
-            m->kvl[l].head_dim = m->layers[l].head_dim;
+        if (spec.kv_start > 0 && spec.k_fmt == spec.boundary_fmt && spec.v_fmt == spec.boundary_fmt) spec.kv_start = 0;
+        if (spec.kv_start > max_context) spec.kv_start = 0; /* never reached: the cache stays bf16 (refused below) */
+        kn_kv_pool_params pp = {.n_layers = c->n_layers, .block_size = KN_KV_BLOCK_SIZE, .n_blocks = kv_blocks,
+                                .n_kv_heads = geo, .head_dim = geo + c->n_layers, .spec = &spec,
+                                .n_stage_blocks = (int64_t)max_seqs * (spec.kv_start / KN_KV_BLOCK_SIZE)};
+        if (!(rc = kn_kv_spec_check(&spec, c->n_layers, pp.head_dim, err)) &&
+            !(rc = plan_kv_blocks(m, kn_kv_spec_bytes_per_token(&spec, c->n_layers, geo, geo + c->n_layers), &kv_blocks, err))) {
+            pp.n_blocks = kv_blocks;
+            rc = kn_kv_pool_create_ex(be, &pp, &m->kv, err);
         }
+        free(geo);
+        if (rc) goto fail;
+        for (int l = 0; l < c->n_layers; l++) m->kvl[l] = m->kv->layers[l];
     }
     char wdesc[48];
     if (m->embed.bits || m->layers[0].qkv.bits) {
@@ -426,6 +438,12 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
     if (c->n_experts > 0 && n > 0 && (size_t)n < sizeof m->desc)
         snprintf(m->desc + n, sizeof m->desc - (size_t)n, ", %d experts (top %d, ffn %d)%s", c->n_experts,
                  c->n_experts_per_tok, c->moe_intermediate_size, c->shared_expert_intermediate_size ? " + shared" : "");
+    n = (int)strlen(m->desc);
+    if ((size_t)n + 48 < sizeof m->desc) {
+        char kvd[160];
+        kn_kv_spec_describe(&m->kv->header.spec, c->n_layers, kvd, sizeof kvd);
+        snprintf(m->desc + n, sizeof m->desc - (size_t)n, ", KV %s", kvd);
+    }
     *out = m;
     return KN_OK;
 fail:
@@ -630,6 +648,21 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     if (n <= 0 || n > m->max_chunk || b->n_seqs > m->max_seqs)
         return kn_fail(err, KN_ERR_INVALID_ARG, "forward: batch of %d tokens / %d sequences exceeds %d / %d", n,
                        b->n_seqs, m->max_chunk, m->max_seqs);
+    /* delayed KV conversion: a staged sequence appending at or beyond
+     * kv_start is converted first; an append may not straddle kv_start */
+    for (int s = 0; s < b->n_seqs && m->kv->header.spec.kv_start > 0; s++) {
+        kn_kv_seq *sq = b->seqs[s];
+        if (!kn_kv_seq_staged(m->kv, sq)) continue;
+        int lo = INT32_MAX, hi = -1;
+        for (int t = 0; t < n; t++)
+            if (b->seq[t] == s) lo = b->pos[t] < lo ? b->pos[t] : lo, hi = b->pos[t] > hi ? b->pos[t] : hi;
+        const int start = m->kv->header.spec.kv_start;
+        if (hi >= start && lo < start)
+            return kn_fail(err, KN_ERR_INVALID_ARG, "forward: positions %d..%d straddle --kv-start %d (cap the chunk "
+                           "with kn_kv_max_append)", lo, hi, start);
+        kn_code rc;
+        if (lo >= start && hi >= 0 && (rc = kn_kv_seq_convert(m->kv, sq, err))) return rc;
+    }
     int32_t slots[MAX_CHUNK];
     for (int t = 0; t < n; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= c->vocab_size)

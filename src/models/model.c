@@ -114,7 +114,18 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
     }
     kn_tensor_source src = {.find = view_find, .ctx = &view, .outlives_model = 1};
     kn_model *m;
-    if ((rc = kn_model_build(&cfg, &src, be, ctx, o.max_seqs > 0 ? o.max_seqs : 1, &m, err))) {
+    kn_kv_spec kv;
+    if (o.kv_start > 0 && !o.kv) rc = kn_fail(err, KN_ERR_INVALID_ARG, "--kv-start needs --kv FORMAT");
+    else if (o.kv && !(rc = kn_kv_spec_parse(o.kv, o.kv_keep_layers == 0 ? -1 : o.kv_keep_layers < 0 ? 0 : o.kv_keep_layers,
+                                             &kv, err)))
+        kv.kv_start = o.kv_start > 0 ? (o.kv_start + KN_KV_BLOCK_SIZE - 1) / KN_KV_BLOCK_SIZE * KN_KV_BLOCK_SIZE : 0;
+    if (rc) {
+        kn_backend_destroy(be);
+        free(view.used);
+        kn_st_close(st);
+        return rc;
+    }
+    if ((rc = kn_model_build_kv(&cfg, &src, be, ctx, o.max_seqs > 0 ? o.max_seqs : 1, o.kv ? &kv : NULL, &m, err))) {
         free(view.used);
         kn_st_close(st);
         return kn_fail_wrap(err, "%s", dir);
@@ -151,8 +162,8 @@ kn_code kn_model_logits(kn_model *m, const int32_t *ids, int n_ids, float *out, 
             *sidx = calloc((size_t)m->max_chunk, 4);
     if (!rc && (!pos || !rows || !sidx)) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
     kn_kv_seq *seqs[1] = {&seq};
-    for (int c0 = 0; !rc && c0 < n_ids; c0 += m->max_chunk) {
-        int n = n_ids - c0 < m->max_chunk ? n_ids - c0 : m->max_chunk;
+    for (int c0 = 0, n = 0; !rc && c0 < n_ids; c0 += n) {
+        n = kn_kv_max_append(m->kv, &seq, c0, n_ids - c0 < m->max_chunk ? n_ids - c0 : m->max_chunk);
         for (int i = 0; i < n; i++) pos[i] = c0 + i, rows[i] = i;
         kn_batch b = {.n_tokens = n, .tokens = ids + c0, .pos = pos, .seq = sidx, .n_seqs = 1, .seqs = seqs,
                       .n_logits = n, .logit_rows = rows};

@@ -108,6 +108,11 @@ kn_norm_names kn_family_norms(const kn_model_config *c);
 kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, kn_backend *be, int max_context,
                        int max_seqs, kn_model **out, kn_error *err);
 
+/* The same with a KV storage choice (NULL: the default for the model's
+ * compute dtype: f32 for f32 weights, else bf16). */
+kn_code kn_model_build_kv(const kn_model_config *cfg, const kn_tensor_source *src, kn_backend *be, int max_context,
+                          int max_seqs, const kn_kv_spec *kv, kn_model **out, kn_error *err);
+
 /* Free everything the model owns (its backend, checkpoint mapping, KV pool);
  * NULL is a no-op. kn_model_close is the public name. */
 void kn_model_free_internal(kn_model *m);

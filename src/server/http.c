@@ -362,7 +362,13 @@ static kn_code pick_context(const kn_server_options *o, int max_batch, int *ctx,
     kn_model_config cfg;
     kn_code rc = kn_config_load(o->model_dir, &cfg, err);
     if (rc) return rc;
-    int64_t per_token = (int64_t)cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * (int64_t)sizeof(float);
+    kn_kv_spec spec = kn_kv_spec_default(strstr(cfg.torch_dtype, "float32") ? KN_DT_F32 : KN_DT_BF16);
+    if (o->kv && (rc = kn_kv_spec_parse(o->kv, o->kv_keep_layers == 0 ? -1 : o->kv_keep_layers < 0 ? 0 : o->kv_keep_layers,
+                                        &spec, err)))
+        return rc;
+    int heads[KN_MAX_LAYERS], dims[KN_MAX_LAYERS];
+    for (int l = 0; l < cfg.n_layers; l++) heads[l] = cfg.layer_kv_heads[l], dims[l] = cfg.layer_head_dim[l];
+    int64_t per_token = kn_kv_spec_bytes_per_token(&spec, cfg.n_layers, heads, dims); /* KV_FORMATS.md formula */
     int64_t budget = (int64_t)o->kv_mb << 20;
     if (budget <= 0) budget = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / 4;
     int64_t fit = per_token > 0 ? budget / ((int64_t)max_batch * per_token) : 0;
@@ -402,7 +408,13 @@ static kn_code open_synthetic(const kn_server_options *o, kn_synthetic **syn, kn
     if ((rc = kn_backend_create(o->backend, o->n_threads, &be, err))) return rc;
     int ctx = o->max_context > 0 ? o->max_context : 2048;
     kn_tensor_source src = kn_synthetic_source(*syn);
-    return kn_model_build(&cfg, &src, be, ctx, o->max_batch > 0 ? o->max_batch : 8, m, err);
+    kn_kv_spec kvs;
+    if (o->kv && (rc = kn_kv_spec_parse(o->kv, o->kv_keep_layers == 0 ? -1 : o->kv_keep_layers < 0 ? 0 : o->kv_keep_layers,
+                                        &kvs, err))) {
+        kn_backend_destroy(be);
+        return rc;
+    }
+    return kn_model_build_kv(&cfg, &src, be, ctx, o->max_batch > 0 ? o->max_batch : 8, o->kv ? &kvs : NULL, m, err);
 }
 
 kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
@@ -425,7 +437,8 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
 
     kn_code rc;
     kn_model_options mo = {.backend = o->backend, .n_threads = o->n_threads, .max_context = o->max_context,
-                           .max_seqs = s->opt.max_batch};
+                           .max_seqs = s->opt.max_batch, .kv = o->kv, .kv_keep_layers = o->kv_keep_layers,
+                           .kv_start = o->kv_start};
     if (!o->synthetic && o->max_context <= 0 && (rc = pick_context(o, s->opt.max_batch, &mo.max_context, err)))
         goto done;
     struct MHD_Daemon *d = NULL;

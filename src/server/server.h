@@ -25,6 +25,9 @@ typedef struct {
     size_t max_body_bytes;  /* default 4 MiB */
     int max_connections;    /* default 256 */
     long prefix_cache_mb;   /* KV the prefix cache may keep; -1 = half the KV pool, 0 = off */
+    const char *kv;         /* KV cache format (kiln.h kn_model_options.kv); NULL = the model's default */
+    int kv_keep_layers;     /* as kn_model_options.kv_keep_layers */
+    int kv_start;           /* as kn_model_options.kv_start (the model directory path only) */
     long kv_mb;             /* KV pool budget when max_context is 0: the context becomes
                                min(model's, budget / (max_batch x bytes per token)); 0 = a quarter of RAM */
 } kn_server_options;

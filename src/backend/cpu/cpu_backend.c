@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops_whisper.h"
 #include "backend/cpu/cpu_ops_models.h"
 #include "backend/cpu/cpu_quant.h"
@@ -201,17 +202,25 @@ static void cpu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int
 
 static void cpu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                          int n_tokens, const int32_t *slots) {
-    (void)be;
+    if (kv->k_fmt != KN_KVF_F32 || kv->v_fmt != KN_KVF_F32) {
+        kn_cpu_kv_write(be, kv, k, v, stride, n_tokens, slots);
+        return;
+    }
     const int64_t w = (int64_t)kv->n_kv_heads * kv->head_dim;
     for (int t = 0; t < n_tokens; t++) {
-        memcpy(kv->k + (int64_t)slots[t] * w, k + t * stride, (size_t)w * sizeof(float));
-        memcpy(kv->v + (int64_t)slots[t] * w, v + t * stride, (size_t)w * sizeof(float));
+        memcpy((float *)kv->k + (int64_t)slots[t] * w, k + t * stride, (size_t)w * sizeof(float));
+        memcpy((float *)kv->v + (int64_t)slots[t] * w, v + t * stride, (size_t)w * sizeof(float));
     }
 }
 
 static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
     cpu_backend *c = cpu(be);
     const kn_kv_layer *kv = a->kv;
+    if (kv->k_fmt != KN_KVF_F32 || kv->v_fmt != KN_KVF_F32) {
+        kn_cpu_attention_kv(be, a, c->attn_scratch, c->attn_scratch_len);
+        return;
+    }
+    const float *kv_k = kv->k, *kv_v = kv->v;
     const int hd = kv->head_dim, bs = kv->block_size, group = a->n_heads / kv->n_kv_heads;
     const int64_t slot_w = (int64_t)kv->n_kv_heads * hd;
     const int total = a->n_tokens * a->n_heads;
@@ -228,7 +237,7 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
             float mx = -INFINITY;
             for (int j = lo; j <= p; j++) {
                 int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
-                float s = c->k->dot(q, kv->k + slot * slot_w + (int64_t)kvh * hd, hd) * a->scale;
+                float s = c->k->dot(q, kv_k + slot * slot_w + (int64_t)kvh * hd, hd) * a->scale;
                 if (a->softcap > 0.0f) s = tanhf(s / a->softcap) * a->softcap;
                 scores[j - lo] = s;
                 if (s > mx) mx = s;
@@ -242,7 +251,7 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
             memset(o, 0, (size_t)hd * sizeof(float));
             for (int j = lo; j <= p; j++) {
                 int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
-                c->k->axpy(o, scores[j - lo] * inv, kv->v + slot * slot_w + (int64_t)kvh * hd, hd);
+                c->k->axpy(o, scores[j - lo] * inv, kv_v + slot * slot_w + (int64_t)kvh * hd, hd);
             }
         }
     }
@@ -392,6 +401,7 @@ static const kn_backend_vtbl cpu_vtbl = {
     .moe_ffn = kn_cpu_moe_ffn,
     .mul_rows = kn_cpu_mul_rows,
     .weight_load_quant = kn_cpu_weight_load_quant,
+    .kv_convert = kn_cpu_kv_convert,
 };
 
 /* Attention scratch holds one score row per thread; sized for the longest

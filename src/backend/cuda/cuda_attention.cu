@@ -22,8 +22,12 @@
  * second batched GEMM, and O is scattered back to the token-major output.
  * compute_dtype picks BF16/F16 tensor cores or exact F32 GEMMs.
  *
- * Invariants: float32 K/V slots [n_kv_heads * head_dim] per token, block
- * tables of int32, positions attended [max(0, pos - window + 1), pos]. */
+ * Caches in other formats (base/kv_codec.h) decode in cuda_kv.cu; the GEMM
+ * path gathers them through kn_cuda_kv_gather.
+ *
+ * Invariants: float32 or bf16 K/V slots [n_kv_heads * head_dim] per token
+ * here (other formats: cuda_kv.cu), block tables of int32, positions attended
+ * [max(0, pos - window + 1), pos]. */
 #include <cublas_v2.h>
 #include <float.h>
 #include <stdio.h>
@@ -54,9 +58,16 @@ __device__ float block_max_att(float v, float *sh) {
 }
 
 /* Per (token, head, split) partial: m, l, then head_dim accumulators. */
-template <int NI, int GB>
+/* element i of a float (BF = false) or bf16 (BF = true) K/V store */
+template <bool BF> __device__ __forceinline__ float kv_elem(const void *p, int64_t i) {
+    if (BF) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
+    return ((const float *)p)[i];
+}
+
+template <int NI, int GB, bool BF>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     k_flash_attention(kn_attention_args a, kn_kv_layer kv, int n_groups, int n_splits, float *partial) {
+    kn_pdl_trigger();
     const int t = blockIdx.x, kvh = blockIdx.y / n_groups, grp = blockIdx.y % n_groups, split = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hd = kv.head_dim, bs = kv.block_size;
@@ -86,8 +97,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < NI; i++) {
             int d = lane + 32 * i;
-            kr[i] = d < hd ? kv.k[base + d] : 0.0f;
-            vr[i] = d < hd ? kv.v[base + d] : 0.0f;
+            kr[i] = d < hd ? kv_elem<BF>(kv.k, base + d) : 0.0f;
+            vr[i] = d < hd ? kv_elem<BF>(kv.v, base + d) : 0.0f;
         }
 #pragma unroll
         for (int g = 0; g < GB; g++) {
@@ -147,6 +158,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 
 /* Merge key splits: one block per (token, head). */
 __global__ void k_flash_merge(const float *partial, int n_splits, int hd, int n_heads, float *out) {
+    kn_pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y;
     const float *pr = partial + ((int64_t)t * n_heads + h) * n_splits * (2 + hd);
     float M = ATT_NEG, L = 0.0f;
@@ -164,8 +176,12 @@ template <int NI, int GB>
 static void launch(kn_backend *be, const kn_attention_args *a, int n_groups, int n_splits, float *partial) {
     dim3 grid((unsigned)a->n_tokens, (unsigned)(a->kv->n_kv_heads * n_groups), (unsigned)n_splits);
     size_t smem = (size_t)ATT_WARPS * GB * (2 + 32 * NI) * sizeof(float);
-    k_flash_attention<NI, GB><<<grid, ATT_WARPS * 32, smem, kn_cuda_stream(be)>>>(*a, *a->kv, n_groups, n_splits,
-                                                                                  partial);
+    if (a->kv->k_fmt == KN_KVF_BF16)
+        k_flash_attention<NI, GB, true><<<grid, ATT_WARPS * 32, smem, kn_cuda_stream(be)>>>(*a, *a->kv, n_groups,
+                                                                                            n_splits, partial);
+    else
+        k_flash_attention<NI, GB, false><<<grid, ATT_WARPS * 32, smem, kn_cuda_stream(be)>>>(*a, *a->kv, n_groups,
+                                                                                             n_splits, partial);
 }
 
 template <int NI>
@@ -195,7 +211,8 @@ __global__ void k_gather_kv(kn_kv_layer kv, const int32_t *bt, int k0, int ctx, 
     const int j = blockIdx.x, g = blockIdx.y, hd = kv.head_dim, bs = kv.block_size, p = k0 + j;
     const int64_t src = ((int64_t)bt[p / bs] * bs + p % bs) * kv.n_kv_heads * hd + (int64_t)g * hd;
     const int64_t dst = ((int64_t)g * ctx + j) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) kc[dst + d] = to_t<T>(kv.k[src + d]), vc[dst + d] = to_t<T>(kv.v[src + d]);
+    const float *ks = (const float *)kv.k, *vs = (const float *)kv.v;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) kc[dst + d] = to_t<T>(ks[src + d]), vc[dst + d] = to_t<T>(vs[src + d]);
 }
 
 /* queries of tokens [t0, t0 + len) -> qc [n_heads][len][hd] */
@@ -256,7 +273,11 @@ static int attention_gemm_run(kn_backend *be, const kn_attention_args *a, int t0
     T *kc = (T *)(buf + off_k), *vc = (T *)(buf + off_v), *qc = (T *)(buf + off_q), *P = (T *)(buf + off_p);
     float *S = (float *)(buf + off_s), *ob = (float *)(buf + off_o);
     const int thr = hd >= 128 ? 128 : 64;
-    k_gather_kv<T><<<dim3(ctx, nkv), thr, 0, st>>>(*kv, a->block_tables + (int64_t)s * a->max_blocks, k0, ctx, kc, vc);
+    if (kv->k_fmt == KN_KVF_F32 && kv->v_fmt == KN_KVF_F32)
+        k_gather_kv<T><<<dim3(ctx, nkv), thr, 0, st>>>(*kv, a->block_tables + (int64_t)s * a->max_blocks, k0, ctx, kc, vc);
+    else /* compressed cache: dequantize this chunk (cuda_kv.cu) */
+        kn_cuda_kv_gather(be, kv, a->block_tables + (int64_t)s * a->max_blocks, k0, ctx, kc, vc,
+                          ct == CUDA_R_16BF ? KN_DT_BF16 : ct == CUDA_R_16F ? KN_DT_F16 : KN_DT_F32);
     k_gather_q<T><<<dim3(len, a->n_heads), thr, 0, st>>>(a->q, a->q_stride, t0, len, hd, qc);
     const float alpha = a->scale, one = 1.0f, zero = 0.0f;
     /* S_g [G*len, ctx] (row-major) = Q_g [G*len, hd] . K_g^T: column-major C[ctx, G*len] = K_g^T . Q_g */
@@ -333,6 +354,12 @@ void kn_cuda_attention(kn_backend *be, const kn_attention_args *a) {
 }
 
 static void attention_flash(kn_backend *be, const kn_attention_args *a) {
+    const int plain = (a->kv->k_fmt == KN_KVF_F32 && a->kv->v_fmt == KN_KVF_F32) ||
+                      (a->kv->k_fmt == KN_KVF_BF16 && a->kv->v_fmt == KN_KVF_BF16);
+    if (!plain) { /* compressed rows: cuda_kv.cu */
+        kn_cuda_attention_kv(be, a);
+        return;
+    }
     const int hd = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
     const int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     /* enough blocks to fill the GPU twice over; split keys when the batch

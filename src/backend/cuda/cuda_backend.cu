@@ -313,6 +313,17 @@ __global__ void k_kv_write(float *kc, float *vc, const float *k, const float *v,
     }
 }
 
+/* bf16 rows, round to nearest even (as the CPU codec's kn_f32_to_bf16) */
+__global__ void k_kv_write_bf16(uint16_t *kc, uint16_t *vc, const float *k, const float *v, int64_t stride, int64_t w,
+                                const int32_t *slots) {
+    kn_pdl_trigger();
+    int t = blockIdx.x;
+    for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
+        kc[(int64_t)slots[t] * w + j] = __bfloat16_as_ushort(__float2bfloat16(k[t * stride + j]));
+        vc[(int64_t)slots[t] * w + j] = __bfloat16_as_ushort(__float2bfloat16(v[t * stride + j]));
+    }
+}
+
 __global__ void k_swiglu(const float *gu, int64_t n_total, int dim, float *out) {
     kn_pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -456,7 +467,17 @@ static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int 
 }
 static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                         int n_tokens, const int32_t *slots) {
-    k_kv_write<<<n_tokens, 256, 0, S>>>(kv->k, kv->v, k, v, stride, (int64_t)kv->n_kv_heads * kv->head_dim, slots);
+    if (kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16) {
+        k_kv_write_bf16<<<n_tokens, 256, 0, S>>>((uint16_t *)kv->k, (uint16_t *)kv->v, k, v, stride,
+                                                 (int64_t)kv->n_kv_heads * kv->head_dim, slots);
+        return;
+    }
+    if (kv->k_fmt != KN_KVF_F32 || kv->v_fmt != KN_KVF_F32) { /* quantize on write: cuda_kv.cu */
+        kn_cuda_kv_write(be, kv, k, v, stride, n_tokens, slots);
+        return;
+    }
+    k_kv_write<<<n_tokens, 256, 0, S>>>((float *)kv->k, (float *)kv->v, k, v, stride,
+                                        (int64_t)kv->n_kv_heads * kv->head_dim, slots);
 }
 static void cu_attention(kn_backend *be, const kn_attention_args *a) { kn_cuda_attention(be, a); }
 static void cu_swiglu(kn_backend *be, const float *gu, int rows, int dim, float *out) {
@@ -516,6 +537,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     kn_cuda_mul_rows,
     kn_cuda_weight_load_quant, /* cuda_quant.cu */
     cu_fused_matmul,
+    NULL,                      /* kv_convert: delayed KV conversion is CPU-only so far */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

@@ -6,7 +6,8 @@
  * query rows and keeps everything of them in registers: its Q fragments, the
  * 16 x 64 score tile, the running max m and sum l per row, and the 16 x HD
  * output accumulator. Key tiles of 64 are gathered from the paged cache
- * through the block table into shared memory (K row-major, V transposed),
+ * through the block table (float or bf16 cache rows; compressed formats take
+ * the GEMM path) into shared memory (K row-major, V transposed),
  * rounded to the compute dtype (bf16 or f16). S = Q K^T and O += P V run as
  * mma.sync m16n8k16 with f32 accumulation; scale, soft-cap and the causal /
  * sliding-window mask are applied to S in f32, and the score fragments are
@@ -87,7 +88,14 @@ __device__ __forceinline__ void fp_mma<__half>(float *d, const uint32_t *a, uint
  * kg [n_kv][ctxp][HD] and V transposed, vg [n_kv][HD][ctxp]; positions past
  * last are zero. One block per (64 keys, KV head); V goes through a shared
  * tile so both the paged reads and the transposed writes are coalesced. */
-template <typename T, int HD>
+template <bool BF> __device__ __forceinline__ float4 fp_load4(const void *p, int64_t i) {
+    if (!BF) return *(const float4 *)((const float *)p + i);
+    const uint2 u = *(const uint2 *)((const uint16_t *)p + i);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+
+template <typename T, int HD, bool BF>
 __global__ void __launch_bounds__(256) k_fp_gather(kn_kv_layer kv, const int32_t *__restrict__ bt, int kbase, int last,
                                                    int ctxp, T *__restrict__ kg, T *__restrict__ vg) {
     __shared__ float vt[FP_BN][HD + 1];
@@ -98,7 +106,7 @@ __global__ void __launch_bounds__(256) k_fp_gather(kn_kv_layer kv, const int32_t
         float4 k4 = make_float4(0.f, 0.f, 0.f, 0.f), v4 = k4;
         if (p <= last) {
             const int64_t off = ((int64_t)bt[p / bs] * bs + p % bs) * kv_w + (int64_t)kvh * HD + c;
-            k4 = *(const float4 *)(kv.k + off), v4 = *(const float4 *)(kv.v + off);
+            k4 = fp_load4<BF>(kv.k, off), v4 = fp_load4<BF>(kv.v, off);
         }
         *(uint2 *)(kg + ((int64_t)kvh * ctxp + j0 + j) * HD + c) =
             make_uint2(fp_pack<T>(k4.x, k4.y), fp_pack<T>(k4.z, k4.w));
@@ -275,8 +283,9 @@ static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len
     T *vg = (T *)((char *)kg + one_buf);
     const int32_t *bt = a->block_tables + (int64_t)s * a->max_blocks;
     cudaStream_t st = kn_cuda_stream(be);
-    k_fp_gather<T, HD><<<dim3((unsigned)(ctxp / FP_BN), (unsigned)kv->n_kv_heads), 256, 0, st>>>(*kv, bt, kbase, last,
-                                                                                               ctxp, kg, vg);
+    const dim3 ggrid((unsigned)(ctxp / FP_BN), (unsigned)kv->n_kv_heads);
+    if (kv->k_fmt == KN_KVF_BF16) k_fp_gather<T, HD, true><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
+    else k_fp_gather<T, HD, false><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
     dim3 grid((unsigned)((len + FP_BM - 1) / FP_BM), (unsigned)a->n_heads);
     k_flash_prefill<T, HD><<<grid, FP_WARPS * 32, smem, st>>>(a->q + (int64_t)t0 * a->q_stride, a->q_stride,
                                                               a->out + (int64_t)t0 * a->n_heads * HD, a->n_heads, G,
@@ -301,8 +310,10 @@ static int launch_fp_hd(kn_backend *be, const kn_attention_args *a, int t0, int 
 int kn_cuda_flash_prefill(kn_backend *be, const kn_attention_args *a, int t0, int len) {
     const int hd = a->kv->head_dim;
     if (a->compute_dtype != KN_DT_BF16 && a->compute_dtype != KN_DT_F16) return 0;
-    if (((uintptr_t)a->out & 15) || ((uintptr_t)a->kv->k & 15) ||
-        ((uintptr_t)a->kv->v & 15) || ((int64_t)a->kv->n_kv_heads * hd) % 4)
+    const int fk = a->kv->k_fmt, fv = a->kv->v_fmt; /* float or bf16 rows; compressed ones take the GEMM path */
+    if (fk != fv || (fk != KN_KVF_F32 && fk != KN_KVF_BF16)) return 0;
+    if (((uintptr_t)a->out & 15) || ((uintptr_t)a->kv->k & 15) || ((uintptr_t)a->kv->v & 15) ||
+        ((int64_t)a->kv->n_kv_heads * hd) % 4)
         return 0;
     static int disabled = -1; /* KILN_NO_FLASH_PREFILL=1: the GEMM path, for A/B benchmarks */
     if (disabled < 0) disabled = getenv("KILN_NO_FLASH_PREFILL") != NULL;

@@ -64,6 +64,13 @@ void kn_cuda_attention(kn_backend *be, const kn_attention_args *a);
  * the fused tensor-core prefill kernel (cuda_flash_prefill.cu). 0 when the
  * shape/dtype is not covered (nothing enqueued). */
 int kn_cuda_flash_prefill(kn_backend *be, const kn_attention_args *a, int t0, int len);
+/* Compressed KV formats (cuda_kv.cu): quantize-on-write, fused flash decode,
+ * and the prefill chunk gather into [n_kv][ctx][hd] of elem (KN_DT_F32/BF16/F16). */
+void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
+                      int n_tokens, const int32_t *slots);
+void kn_cuda_attention_kv(kn_backend *be, const kn_attention_args *a);
+void kn_cuda_kv_gather(kn_backend *be, const kn_kv_layer *kv, const int32_t *bt, int k0, int ctx, void *kc, void *vc,
+                       int elem);
 /* out[M,N] = x[M,K] . W^T (+ bias) through cuBLAS (tensor cores for
  * bf16/f16 weights; x is rounded to the weight dtype; f32 weights use exact
  * f32 GEMM); accumulate adds to out. Returns 0 when cuBLAS is unavailable so the caller falls back. */

@@ -1,0 +1,153 @@
+/* cpu_kv.c — see cpu_kv.h.
+ *
+ * Attention over compressed rows: one task per (query token, KV head); each
+ * stored key/value row is decoded once per task into a [D] buffer and used
+ * by all G query heads of the group (GQA). Rotated formats stay rotated:
+ * tq keys are compared with the query rotated by the same transform (after
+ * RoPE), rotated values are accumulated in the rotated domain and the output
+ * row is un-rotated once at the end. No dequantized copy of the cache is
+ * ever made. Results do not depend on the thread count. */
+#include "backend/cpu/cpu_kv.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/kv_codec.h"
+
+void kn_cpu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
+                     int n_tokens, const int32_t *slots) {
+    const int D = kv->head_dim, nkv = kv->n_kv_heads;
+    const int64_t kb = kn_kv_row_bytes(kv->k_fmt, D), vb = kn_kv_row_bytes(kv->v_fmt, D);
+    const int64_t sb = kn_kv_row_bytes(kv->s_fmt, D), n_main = kv->n_blocks * kv->block_size;
+    const int rows = n_tokens * nkv;
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 64)
+    for (int i = 0; i < rows; i++) {
+        float tmp[KN_KV_MAX_DIM];
+        const int t = i / nkv, h = i % nkv;
+        const int64_t slot = slots[t];
+        if (slot >= n_main) { /* a staging block (delayed conversion): plain rows */
+            const kn_kv_aux none = {NULL, NULL, 1.0f};
+            const int64_t r = ((slot - n_main) * nkv + h) * sb;
+            kn_kv_encode(kv->s_fmt, k + t * stride + (int64_t)h * D, D, (uint8_t *)kv->sk + r, &none, tmp);
+            kn_kv_encode(kv->s_fmt, v + t * stride + (int64_t)h * D, D, (uint8_t *)kv->sv + r, &none, tmp);
+            continue;
+        }
+        kn_kv_aux ak = {kv->k_tab, kv->signs, kv->k_scale ? kv->k_scale[h] : 1.0f};
+        kn_kv_aux av = {kv->v_tab, kv->signs, kv->v_scale ? kv->v_scale[h] : 1.0f};
+        uint8_t *kr = (uint8_t *)kv->k + (slot * nkv + h) * kb;
+        uint8_t *vr = (uint8_t *)kv->v + (slot * nkv + h) * vb;
+        kn_kv_encode(kv->k_fmt, k + t * stride + (int64_t)h * D, D, kr, &ak, tmp);
+        kn_kv_encode(kv->v_fmt, v + t * stride + (int64_t)h * D, D, vr, &av, tmp);
+    }
+}
+
+void kn_cpu_kv_convert(kn_backend *be, const kn_kv_layer *kv, const int32_t *src, const int32_t *dst, int n) {
+    const int D = kv->head_dim, nkv = kv->n_kv_heads;
+    const int64_t kb = kn_kv_row_bytes(kv->k_fmt, D), vb = kn_kv_row_bytes(kv->v_fmt, D);
+    const int64_t sb = kn_kv_row_bytes(kv->s_fmt, D);
+    const int rows = n * nkv;
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 64)
+    for (int i = 0; i < rows; i++) {
+        float x[KN_KV_MAX_DIM], tmp[KN_KV_MAX_DIM];
+        const int t = i / nkv, h = i % nkv;
+        const kn_kv_aux none = {NULL, NULL, 1.0f};
+        const kn_kv_aux ak = {kv->k_tab, kv->signs, kv->k_scale ? kv->k_scale[h] : 1.0f};
+        const kn_kv_aux av = {kv->v_tab, kv->signs, kv->v_scale ? kv->v_scale[h] : 1.0f};
+        const int64_t s = ((int64_t)src[t] * nkv + h) * sb, d = (int64_t)dst[t] * nkv + h;
+        kn_kv_decode(kv->s_fmt, (const uint8_t *)kv->sk + s, D, &none, x);
+        kn_kv_encode(kv->k_fmt, x, D, (uint8_t *)kv->k + d * kb, &ak, tmp);
+        kn_kv_decode(kv->s_fmt, (const uint8_t *)kv->sv + s, D, &none, x);
+        kn_kv_encode(kv->v_fmt, x, D, (uint8_t *)kv->v + d * vb, &av, tmp);
+    }
+}
+
+void kn_cpu_attention_kv(kn_backend *be, const kn_attention_args *a, float *scratch, int64_t scratch_len) {
+    const kn_kv_layer *kv = a->kv;
+    const int D = kv->head_dim, nkv = kv->n_kv_heads, G = a->n_heads / nkv, bs = kv->block_size;
+    const int kf = kv->k_fmt, vf = kv->v_fmt, krot = kn_kv_fmt_rotated(kf), vrot = kn_kv_fmt_rotated(vf);
+    const int64_t kb = kn_kv_row_bytes(kf, D), vb = kn_kv_row_bytes(vf, D);
+    const int64_t sb = kn_kv_row_bytes(kv->s_fmt, D), n_main = kv->n_blocks;
+    const int tasks = a->n_tokens * nkv;
+#pragma omp parallel num_threads(be->n_threads)
+    {
+        float *sc = scratch + (size_t)omp_get_thread_num() * (size_t)scratch_len;
+        /* qr [G][D], acc [G][D], row [D], mx [G], inv [G], then for staging
+         * rows next to rotated formats: qp [G][D] (plain query), ap [G][D]
+         * (plain accumulator) */
+        float *buf = malloc(((size_t)4 * G * D + D + 2 * (size_t)G) * sizeof(float));
+        float *qr = buf, *acc = qr + (size_t)G * D, *row = acc + (size_t)G * D, *mx = row + D, *inv = mx + G;
+        float *qp = inv + G, *ap = qp + (size_t)G * D;
+        const kn_kv_aux none = {NULL, NULL, 1.0f};
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < tasks; task++) {
+            if (!buf) continue; /* out of memory: the rows stay unwritten (callers size hosts generously) */
+            const int t = task / nkv, kvh = task % nkv;
+            const int32_t *bt = a->block_tables + (int64_t)a->seq[t] * a->max_blocks;
+            const int p = a->pos[t], lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0, n = p - lo + 1;
+            const kn_kv_aux ak = {kv->k_tab, kv->signs, kv->k_scale ? kv->k_scale[kvh] : 1.0f};
+            const kn_kv_aux av = {kv->v_tab, kv->signs, kv->v_scale ? kv->v_scale[kvh] : 1.0f};
+            int gc = (int)(scratch_len / n);
+            gc = gc < 1 ? 1 : gc > G ? G : gc;
+            for (int g0 = 0; g0 < G; g0 += gc) {
+                const int ng = G - g0 < gc ? G - g0 : gc;
+                for (int g = 0; g < ng; g++) {
+                    const float *q = a->q + t * a->q_stride + (int64_t)(kvh * G + g0 + g) * D;
+                    if (krot) kn_kv_rotate(q, D, kv->signs, qr + (size_t)g * D);
+                    else memcpy(qr + (size_t)g * D, q, (size_t)D * sizeof(float));
+                    if (krot && kv->sk) memcpy(qp + (size_t)g * D, q, (size_t)D * sizeof(float));
+                    mx[g] = -INFINITY;
+                }
+                for (int j = lo; j <= p; j++) {
+                    const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
+                    const int staged = blk >= n_main;
+                    if (staged)
+                        kn_kv_decode(kv->s_fmt, (const uint8_t *)kv->sk + ((slot - n_main * bs) * nkv + kvh) * sb, D,
+                                     &none, row);
+                    else kn_kv_decode_rot(kf, (const uint8_t *)kv->k + (slot * nkv + kvh) * kb, D, &ak, row);
+                    for (int g = 0; g < ng; g++) {
+                        const float *qg = (staged && krot ? qp : qr) + (size_t)g * D;
+                        float s = 0.0f;
+                        for (int d = 0; d < D; d++) s += qg[d] * row[d];
+                        s *= a->scale;
+                        if (a->softcap > 0.0f) s = tanhf(s / a->softcap) * a->softcap;
+                        sc[(int64_t)g * n + (j - lo)] = s;
+                        if (s > mx[g]) mx[g] = s;
+                    }
+                }
+                for (int g = 0; g < ng; g++) {
+                    float sum = 0.0f, *sg = sc + (int64_t)g * n;
+                    for (int j = 0; j < n; j++) sum += (sg[j] = expf(sg[j] - mx[g]));
+                    inv[g] = 1.0f / sum;
+                }
+                memset(acc, 0, (size_t)ng * D * sizeof(float));
+                int any_plain = 0;
+                for (int j = lo; j <= p; j++) {
+                    const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
+                    const int staged = blk >= n_main;
+                    if (staged)
+                        kn_kv_decode(kv->s_fmt, (const uint8_t *)kv->sv + ((slot - n_main * bs) * nkv + kvh) * sb, D,
+                                     &none, row);
+                    else kn_kv_decode_rot(vf, (const uint8_t *)kv->v + (slot * nkv + kvh) * vb, D, &av, row);
+                    /* staged rows are plain: next to rotated values they get their own accumulator */
+                    float *base = staged && vrot ? ap : acc;
+                    if (staged && vrot && !any_plain) memset(ap, 0, (size_t)ng * D * sizeof(float)), any_plain = 1;
+                    for (int g = 0; g < ng; g++) {
+                        const float w = sc[(int64_t)g * n + (j - lo)] * inv[g];
+                        float *ag = base + (size_t)g * D;
+                        for (int d = 0; d < D; d++) ag[d] += w * row[d];
+                    }
+                }
+                for (int g = 0; g < ng; g++) {
+                    float *ag = acc + (size_t)g * D;
+                    if (vrot) kn_kv_unrotate(ag, D, kv->signs); /* the one inverse transform of this output row */
+                    if (any_plain)
+                        for (int d = 0; d < D; d++) ag[d] += ap[(size_t)g * D + d];
+                    memcpy(a->out + ((int64_t)t * a->n_heads + kvh * G + g0 + g) * D, ag, (size_t)D * sizeof(float));
+                }
+            }
+        }
+        free(buf);
+    }
+}

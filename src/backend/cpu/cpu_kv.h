@@ -1,0 +1,15 @@
+/* cpu_kv.h — CPU ops over KV caches stored in a compressed row format
+ * (base/kv_codec.h): quantize-on-write and attention that reads the stored
+ * rows directly. The float32 layout stays in cpu_backend.c. */
+#ifndef KN_CPU_KV_H
+#define KN_CPU_KV_H
+
+#include "backend/backend.h"
+
+void kn_cpu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
+                     int n_tokens, const int32_t *slots);
+void kn_cpu_kv_convert(kn_backend *be, const kn_kv_layer *kv, const int32_t *src, const int32_t *dst, int n);
+/* scratch: n_threads x scratch_len floats (one score area per thread) */
+void kn_cpu_attention_kv(kn_backend *be, const kn_attention_args *a, float *scratch, int64_t scratch_len);
+
+#endif

@@ -409,8 +409,10 @@ kn_code kn_model_build_kv(const kn_model_config *cfg, const kn_tensor_source *sr
         int *geo = malloc(2 * (size_t)c->n_layers * sizeof *geo);
         if (!geo) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto fail; }
         for (int l = 0; l < c->n_layers; l++) geo[l] = m->layers[l].n_kv_heads, geo[c->n_layers + l] = m->layers[l].head_dim;
+        /* compute dtype: the weights' (quantized: the checkpoint's torch_dtype, the dtype its scales came in) */
         const kn_weight *w0 = &m->layers[0].qkv;
-        kn_kv_spec spec = kv ? *kv : kn_kv_spec_default(w0->bits ? KN_DT_BF16 : w0->dtype);
+        const kn_dtype cdt = !w0->bits ? w0->dtype : strstr(c->torch_dtype, "float32") ? KN_DT_F32 : KN_DT_BF16;
+        kn_kv_spec spec = kv ? *kv : kn_kv_spec_default(cdt);
         int64_t kv_blocks = (int64_t)m->max_blocks * max_seqs;
         if (spec.kv_start > 0 && spec.k_fmt == spec.boundary_fmt && spec.v_fmt == spec.boundary_fmt) spec.kv_start = 0;
         if (spec.kv_start > max_context) spec.kv_start = 0; /* never reached: the cache stays bf16 (refused below) */

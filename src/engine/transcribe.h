@@ -63,6 +63,7 @@ typedef struct {
      * KN_OK with the segments up to and including that one). May be NULL. */
     int (*on_segment)(void *user, const struct kn_segment *segment);
     void *on_segment_user;
+    int word_timestamps;                /* 1: per-word times (cross-attention DTW) in each segment */
 } kn_decode_options;
 
 /* openai-whisper's defaults: greedy, timestamps on, ladder 0,0.2,..,1.0,

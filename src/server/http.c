@@ -36,6 +36,7 @@ enum { ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MESSAGES, ROUTE_MODELS, 
 typedef struct {
     int route;
     int too_large;
+    int unauthorized; /* answered 401 once the body has been read (and discarded) */
     kn_buf body;
     char content_type[512]; /* multipart routes: the request's Content-Type ("" when absent or too long) */
 } conn_ctx;
@@ -307,7 +308,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!method_ok)
             return send_error(s, c, anthropic, 405, "invalid_request_error", NULL, "method %s is not allowed on %.200s",
                               method, url);
-        if (route != ROUTE_HEALTH && !auth_ok(s, c))
+        int authorized = route == ROUTE_HEALTH || auth_ok(s, c);
+        int has_body = route == ROUTE_COMPLETIONS || route == ROUTE_CHAT || route == ROUTE_MESSAGES ||
+                       route == ROUTE_TRANSCRIBE || route == ROUTE_TRANSLATE;
+        if (!authorized && !has_body)
             return send_error(s, c, anthropic, 401, anthropic ? "authentication_error" : "invalid_request_error", NULL,
                               "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')");
         if (route == ROUTE_HEALTH || route == ROUTE_MODELS || route == ROUTE_MODEL || route == ROUTE_METRICS) {
@@ -346,12 +350,17 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         cc->route = route;
+        cc->unauthorized = !authorized; /* the upload is discarded; a client still sending it sees the 401 */
         const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
         if (ct && strlen(ct) < sizeof cc->content_type) strcpy(cc->content_type, ct);
         *con_cls = cc;
         return MHD_YES;
     }
     if (*upload_data_size) {
+        if (cc->unauthorized) {
+            *upload_data_size = 0;
+            return MHD_YES;
+        }
         if (!cc->too_large && cc->body.len + *upload_data_size <= s->opt.max_body_bytes)
             kn_buf_add(&cc->body, upload_data, *upload_data_size);
         else cc->too_large = 1, kn_buf_free(&cc->body);
@@ -359,6 +368,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_data_size = 0;
         return MHD_YES;
     }
+    if (cc->unauthorized)
+        return send_error(s, c, cc->route == ROUTE_MESSAGES, 401,
+                          cc->route == ROUTE_MESSAGES ? "authentication_error" : "invalid_request_error", NULL,
+                          "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')");
     return handle_api(s, c, cc);
 }
 

@@ -523,13 +523,46 @@ static void test_oracle_words(oracle *o, kn_whisper *w) {
         kn_word_spans_free(sp, ns);
     }
     printf("word split cases identical to transformers: %d\n", n_cases);
-    /* 4. kn_transcribe --word-timestamps: the words' text = the ASR pipeline's word chunks */
-    json_t *pw = json_object_get(json_object_get(wt, "pipeline_words"), "chunks");
-    CHECK(pw != NULL, "pipeline words missing (%s)", json_string_value(json_object_get(wt, "pipeline_words_error")));
+    /* 4. find_alignment (words with start / end) on several token lists vs transformers' pieces */
+    json_t *ac = json_object_get(wt, "alignment_cases");
+    CHECK(json_array_size(ac) >= 3, "alignment cases missing (%s)",
+          json_string_value(json_object_get(wt, "alignment_cases_error")));
+    int n_align_ok = 0;
+    json_array_foreach(ac, i, cs) {
+        if (!tk) break;
+        int32_t text[512], sot3[3] = {seq[0], seq[1], seq[2]};
+        int n = read_ids(json_object_get(cs, "text_tokens"), text, 512);
+        CHECK(kn_whisper_encode(w, o->mel, &err) == KN_OK, "encode: %s", err.msg);
+        kn_word_span *sp = NULL;
+        int ns = 0;
+        rc = kn_word_find_alignment(w, sot3, 3, text, n, num_frames, detok, tk, 0, &sp, &ns, &err);
+        CHECK(rc == KN_OK, "find_alignment case %zu: %s", i, err.msg);
+        json_t *words = json_object_get(cs, "words");
+        int ok = !rc && ns == (int)json_array_size(words);
+        for (int k = 0; ok && k < ns; k++) {
+            json_t *wd = json_array_get(words, (size_t)k);
+            int32_t wt_ids[256];
+            int nw = read_ids(json_object_get(wd, "tokens"), wt_ids, 256);
+            ok = same_word(json_string_value(json_object_get(wd, "word")), sp[k].text) && nw == sp[k].count &&
+                 !memcmp(wt_ids, text + sp[k].first, sizeof(int32_t) * (size_t)nw) &&
+                 fabs(sp[k].start - json_number_value(json_object_get(wd, "start"))) < 1e-9 &&
+                 fabs(sp[k].end - json_number_value(json_object_get(wd, "end"))) < 1e-9;
+            if (!ok)
+                CHECK(0, "find_alignment case %zu word %d: kiln '%s' %.2f..%.2f, transformers '%s' %.2f..%.2f", i, k,
+                      sp[k].text, sp[k].start, sp[k].end, json_string_value(json_object_get(wd, "word")),
+                      json_number_value(json_object_get(wd, "start")), json_number_value(json_object_get(wd, "end")));
+        }
+        if (!rc && ns != (int)json_array_size(words))
+            CHECK(0, "find_alignment case %zu: %d words, transformers %zu", i, ns, json_array_size(words));
+        n_align_ok += ok;
+        kn_word_spans_free(sp, ns);
+    }
+    printf("find_alignment word cases identical to transformers: %d\n", n_align_ok);
+    /* 5. kn_transcribe with word timestamps: words in order, inside the audio, spelling the transcript */
     snprintf(path, sizeof path, "%s/audio/jfk.wav", kn_test_fixtures());
     float *pcm = NULL;
     int64_t n_pcm = 0;
-    if (pw && tk && kn_audio_load_file(path, 0, &pcm, &n_pcm, &err) == KN_OK) {
+    if (tk && kn_audio_load_file(path, 0, &pcm, &n_pcm, &err) == KN_OK) {
         kn_decode_options opt;
         kn_decode_options_default(&opt);
         opt.language = "en", opt.timestamps = 0, opt.n_temperatures = 1, opt.max_new_tokens = 24;
@@ -538,18 +571,19 @@ static void test_oracle_words(oracle *o, kn_whisper *w) {
         rc = kn_transcribe(w, pcm, n_pcm, &opt, &t, &err);
         CHECK(rc == KN_OK, "transcribe with word timestamps: %s", err.msg);
         if (!rc) {
-            int k = 0, ok = 1;
+            int ok = 1, nwords = 0;
             double prev_end = 0;
+            char spelled[4096] = "";
             for (int s = 0; s < t.n_segments; s++)
-                for (int q = 0; q < t.segments[s].n_words; q++, k++) {
+                for (int q = 0; q < t.segments[s].n_words; q++, nwords++) {
                     const kn_word *wd = &t.segments[s].words[q];
-                    const char *theirs = json_string_value(json_object_get(json_array_get(pw, (size_t)k), "text"));
-                    ok &= theirs && !strcmp(theirs, wd->word);
-                    ok &= wd->start <= wd->end && wd->start >= prev_end - 1e-9 && wd->end <= t.duration + 1e-9;
+                    ok &= wd->start <= wd->end && wd->start >= prev_end - 1e-9 && wd->end <= t.duration + 1e-9 &&
+                          wd->word[0] && wd->probability > 0 && wd->probability <= 1;
                     prev_end = wd->end;
+                    if (strlen(spelled) + strlen(wd->word) < sizeof spelled) strcat(spelled, wd->word);
                 }
-            CHECK(ok && k == (int)json_array_size(pw), "transcript words (%d) differ from the pipeline's (%zu)", k,
-                  json_array_size(pw));
+            CHECK(ok && nwords > 0 && t.text && !strcmp(spelled, t.text), "transcript words: %d words '%s' vs '%s'",
+                  nwords, spelled, t.text ? t.text : "");
             kn_transcript_free(&t);
         }
     }

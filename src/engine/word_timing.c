@@ -361,6 +361,49 @@ done:
     return rc;
 }
 
+kn_code kn_word_find_alignment(kn_whisper *w, const int32_t *sot_seq, int n_sot, const int32_t *text, int n_text,
+                               int n_frames, kn_detok_fn detok, void *user, int by_unicode, kn_word_span **out,
+                               int *n_out, kn_error *err) {
+    const int eot = kn_whisper_cfg(w)->eos_token_id;
+    *out = NULL, *n_out = 0;
+    if (n_text < 1) return KN_OK;
+    double *jumps = malloc(sizeof(double) * (size_t)(n_text + 1));
+    double *probs = malloc(sizeof(double) * (size_t)n_text);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n_text + 1));
+    kn_word_span *words = NULL;
+    int nw = 0;
+    kn_code rc = jumps && probs && toks ? KN_OK : kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    if (!rc) rc = kn_word_jump_times(w, sot_seq, n_sot, text, n_text, n_frames, jumps, probs, err);
+    if (!rc) {
+        memcpy(toks, text, sizeof(int32_t) * (size_t)n_text);
+        toks[n_text] = eot;
+        rc = kn_word_split(detok, user, eot, toks, n_text + 1, by_unicode, &words, &nw, err);
+    }
+    /* the words of the text: the last one (holding <|endoftext|>) is dropped */
+    if (!rc && nw <= 1) {
+        kn_word_spans_free(words, nw);
+        words = NULL, nw = 0;
+    } else if (!rc) {
+        nw--;
+        free(words[nw].text);
+        for (int i = 0; i < nw; i++) {
+            int a = words[i].first, b = words[i].first + words[i].count;
+            words[i].start = jumps[a];
+            words[i].end = jumps[b <= n_text ? b : n_text];
+            double p = 0;
+            for (int k = a; k < b && k < n_text; k++) p += probs[k];
+            words[i].probability = words[i].count ? p / words[i].count : 0.0;
+        }
+    }
+    free(jumps), free(probs), free(toks);
+    if (rc) {
+        kn_word_spans_free(words, nw);
+        return rc;
+    }
+    *out = words, *n_out = nw;
+    return KN_OK;
+}
+
 /* ---- add_word_timestamps ------------------------------------------------------ */
 
 static int cmp_double(const void *a, const void *b) {
@@ -387,11 +430,9 @@ kn_code kn_add_word_timestamps(kn_whisper *w, const kn_decode_options *o, const 
     for (int s = 0; s < n_segs; s++)
         for (int k = 0; k < segs[s].n_tokens; k++) n_text += segs[s].tokens[k] < eot;
     int32_t *text = malloc(sizeof(int32_t) * (size_t)(n_text + 1));
-    double *jumps = malloc(sizeof(double) * (size_t)(n_text + 1));
-    double *probs = malloc(sizeof(double) * (size_t)(n_text + 1));
     kn_word_span *words = NULL;
     int nw = 0;
-    kn_code rc = text && jumps && probs ? KN_OK : kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    kn_code rc = text ? KN_OK : kn_fail(err, KN_ERR_NOMEM, "out of memory");
     if (rc) goto done;
     int m = 0;
     for (int s = 0; s < n_segs; s++)
@@ -411,23 +452,10 @@ kn_code kn_add_word_timestamps(kn_whisper *w, const kn_decode_options *o, const 
         sot[n_sot++] = lt;
         if (task >= 0) sot[n_sot++] = task;
     }
-    if ((rc = kn_word_jump_times(w, sot, n_sot, text, n_text, n_frames, jumps, probs, err))) goto done;
-    text[n_text] = eot;
-    if ((rc = kn_word_split(o->detok, o->detok_user, eot, text, n_text + 1, lang_without_spaces(language), &words,
-                            &nw, err)))
+    if ((rc = kn_word_find_alignment(w, sot, n_sot, text, n_text, n_frames, o->detok, o->detok_user,
+                                     lang_without_spaces(language), &words, &nw, err)) ||
+        nw == 0)
         goto done;
-    /* words of the text (the last one, holding <|endoftext|>, is dropped) */
-    if (nw <= 1) goto done;
-    nw--;
-    free(words[nw].text);
-    for (int i = 0; i < nw; i++) {
-        int a = words[i].first, b = words[i].first + words[i].count;
-        words[i].start = jumps[a];
-        words[i].end = jumps[b <= n_text ? b : n_text];
-        double p = 0;
-        for (int k = a; k < b && k < n_text; k++) p += probs[k];
-        words[i].probability = words[i].count ? p / words[i].count : 0.0;
-    }
     /* median duration of the non-empty words; truncate long words at sentence ends */
     double *dur = malloc(sizeof(double) * (size_t)nw);
     if (!dur) {
@@ -506,6 +534,6 @@ kn_code kn_add_word_timestamps(kn_whisper *w, const kn_decode_options *o, const 
     }
 done:
     kn_word_spans_free(words, nw);
-    free(text), free(jumps), free(probs);
+    free(text);
     return rc;
 }

@@ -48,6 +48,13 @@ kn_code kn_word_merge_punctuations(kn_word_span *w, int n, const char *prepend, 
 kn_code kn_word_jump_times(kn_whisper *w, const int32_t *sot_seq, int n_sot, const int32_t *text, int n_text,
                            int n_frames, double *jump_times, double *probs, kn_error *err);
 
+/* Steps 1-3 (openai-whisper's find_alignment): the words of text (spans
+ * into text) with start / end (seconds from the window start, before the
+ * duration rules and punctuation merging) and mean token probability. */
+kn_code kn_word_find_alignment(kn_whisper *w, const int32_t *sot_seq, int n_sot, const int32_t *text, int n_text,
+                               int n_frames, kn_detok_fn detok, void *user, int by_unicode, kn_word_span **out,
+                               int *n_out, kn_error *err);
+
 /* Step 3-4 for the segments of one window: fills segs[i].words, adjusts
  * segs[i].start/end; time_offset is the window's start (s), n_frames the
  * window's audio frames, *last_speech the end of the previous speech. */

@@ -50,6 +50,15 @@ export async function audioTests({ test, oa, raw, expectStatus, OpenAI, A, W, FI
     assert.deepEqual(verbose, JSON.parse(cli('--language', 'en', '--format', 'verbose_json')));
   });
 
+  await test('audio: timestamp_granularities word = kiln transcribe --word-timestamps', async () => {
+    const r = await cw.audio.transcriptions.create({ ...greedy, file: fs.createReadStream(jfk), language: 'en',
+      response_format: 'verbose_json', timestamp_granularities: ['word', 'segment'] });
+    assert.ok(Array.isArray(r.words) && r.words.length > 0, JSON.stringify(r).slice(0, 300));
+    for (const w of r.words) assert.ok(typeof w.word === 'string' && w.start <= w.end && w.end <= r.duration);
+    assert.equal(r.words.map((w) => w.word).join(''), r.text);
+    assert.deepEqual(r, JSON.parse(cli('--language', 'en', '--format', 'verbose_json', '--word-timestamps')));
+  });
+
   await test('audio: text / srt / vtt bodies = kiln transcribe --format', async () => {
     for (const fmt of ['text', 'srt', 'vtt']) {
       const r = await cw.audio.transcriptions.create({ ...greedy, file: fs.createReadStream(jfk), language: 'en',

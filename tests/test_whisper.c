@@ -40,6 +40,20 @@ static double max_diff(const float *a, const float *b, int64_t n) {
 }
 
 /* ---- no oracle: cache consistency on a random model --------------------- */
+/* a stand-in detokenizer for the synthetic model: id k -> " w" every fifth id, else "x" */
+static kn_code fake_detok(void *user, const int32_t *ids, int n, char **text, kn_error *err) {
+    (void)user, (void)err;
+    char *t = malloc((size_t)n * 2 + 1);
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] % 5 == 0) t[k++] = ' ';
+        t[k++] = ids[i] % 5 == 0 ? 'w' : 'x';
+    }
+    t[k] = 0;
+    *text = t;
+    return KN_OK;
+}
+
 static void test_cache_consistency(void) {
     char dir[] = "/tmp/kiln_whisper_XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -124,6 +138,24 @@ static void test_cache_consistency(void) {
                               (i == 0 || g->seek >= t.segments[i - 1].seek),
                           "segment %d: seek %lld, %g..%g", i, (long long)g->seek, g->start, g->end);
                 }
+                kn_transcript_free(&t);
+            }
+            /* the same with word timestamps (seek continues after the last word) */
+            opt.word_timestamps = 1;
+            opt.detok = fake_detok;
+            lrc = kn_transcribe(w, longpcm, total, &opt, &t, &err);
+            CHECK(lrc == KN_OK, "long-form transcribe with word timestamps: %s", err.msg);
+            if (!lrc) {
+                double prev = 0;
+                int nw = 0;
+                for (int i = 0; i < t.n_segments; i++)
+                    for (int k = 0; k < t.segments[i].n_words; k++, nw++) {
+                        const kn_word *wd = &t.segments[i].words[k];
+                        CHECK(wd->start >= prev - 0.02 && wd->start <= wd->end && wd->end <= t.duration + 1e-9,
+                              "long-form word %d: %g..%g after %g", nw, wd->start, wd->end, prev);
+                        prev = wd->end;
+                    }
+                CHECK(t.n_windows >= 3 && nw > 0, "long-form words: %d windows, %d words", t.n_windows, nw);
                 kn_transcript_free(&t);
             }
             free(longpcm);

@@ -292,6 +292,14 @@ static int whisper_acquire(kn_srv *s, kn_api_error *e) {
     return 0;
 }
 
+static void count_transcript(kn_srv *s, const kn_transcript *t) {
+    pthread_mutex_lock(&s->stats_mu);
+    s->transcriptions++;
+    s->audio_seconds += t->duration;
+    s->transcribe_seconds += t->mel_seconds + t->decode_seconds;
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
 static int run_failed(kn_code rc, const kn_error *err, kn_api_error *e) {
     if (rc == KN_ERR_INVALID_ARG || rc == KN_ERR_FORMAT)
         return kn_api_fail(e, 400, "invalid_request_error", "file", "%s", err->msg);
@@ -336,6 +344,7 @@ static void run_blocking(audio_job *j, kn_api_reply *out) {
     kn_code rc = s->stopping ? kn_fail(&err, KN_ERR_INTERNAL, "the server is shutting down")
                              : kn_transcribe(s->whisper, j->pcm, j->n_pcm, &o, &t, &err);
     pthread_mutex_unlock(&s->whisper_mu);
+    if (!rc) count_transcript(s, &t);
     char *text = NULL;
     if (!rc) rc = kn_transcript_format(&t, j->format, j->translate ? "translate" : "transcribe", &text, &err);
     if (rc) {
@@ -396,6 +405,7 @@ static void *stream_worker(void *arg) {
         kn_error err = {0};
         kn_code rc = st->cancel || s->stopping ? KN_OK : kn_transcribe(s->whisper, j->pcm, j->n_pcm, &o, &t, &err);
         pthread_mutex_unlock(&s->whisper_mu);
+        if (!rc) count_transcript(s, &t);
         if (rc) {
             run_failed(rc, &err, &e);
             stream_error(st, &e);

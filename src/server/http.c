@@ -179,6 +179,21 @@ static void metrics_body(kn_srv *s, kn_buf *b) {
                    "# TYPE kiln_http_responses_total counter\n");
     for (int i = 1; i <= 5; i++)
         kn_buf_printf(b, "kiln_http_responses_total{code=\"%dxx\"} %llu\n", i, (unsigned long long)http[i]);
+    if (s->whisper) {
+        pthread_mutex_lock(&s->stats_mu);
+        kn_buf_printf(b,
+                      "# HELP kiln_transcriptions_total Finished transcriptions / translations.\n"
+                      "# TYPE kiln_transcriptions_total counter\nkiln_transcriptions_total %llu\n"
+                      "# HELP kiln_audio_seconds_total Seconds of audio transcribed.\n"
+                      "# TYPE kiln_audio_seconds_total counter\nkiln_audio_seconds_total %.3f\n"
+                      "# HELP kiln_transcribe_seconds_total Time spent transcribing (mel + decode).\n"
+                      "# TYPE kiln_transcribe_seconds_total counter\nkiln_transcribe_seconds_total %.3f\n"
+                      "# HELP kiln_transcriptions_waiting Requests waiting for the model.\n"
+                      "# TYPE kiln_transcriptions_waiting gauge\nkiln_transcriptions_waiting %d\n",
+                      (unsigned long long)s->transcriptions, s->audio_seconds, s->transcribe_seconds,
+                      s->whisper_waiting);
+        pthread_mutex_unlock(&s->stats_mu);
+    }
     if (!s->engine) return; /* a Whisper server has no generation engine */
     kn_buf_printf(b,
                   "# HELP kiln_requests_submitted_total Generation requests accepted by the engine.\n"

@@ -32,6 +32,8 @@ typedef struct {
     struct kn_whisper *whisper; /* a Whisper model (transcription-only server; model/engine are NULL) */
     pthread_mutex_t whisper_mu; /* one transcription at a time */
     int whisper_waiting;        /* requests waiting for whisper_mu (under stats_mu) */
+    uint64_t transcriptions;    /* finished transcriptions (under stats_mu) */
+    double audio_seconds, transcribe_seconds; /* audio transcribed, time spent (under stats_mu) */
     int32_t think_id, end_think_id; /* -1 when absent */
     long created;             /* unix time the server started */
     pthread_mutex_t stats_mu;

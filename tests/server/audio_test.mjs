@@ -148,4 +148,16 @@ export async function audioTests({ test, oa, raw, expectStatus, OpenAI, A, W, FI
       without_timestamps: true });
     assert.equal(ok.text, caseOf('greedy_en_notimestamps').text);
   });
+
+  await test('audio: /metrics counts transcriptions and audio seconds', async () => {
+    const r = await raw(W, '/metrics', { headers: { authorization: 'Bearer ' + KEY } });
+    const t = await r.text();
+    const get = (name) => Number((t.match(new RegExp('^' + name + ' (\\S+)$', 'm')) || [])[1]);
+    const n = get('kiln_transcriptions_total');
+    assert.ok(n >= 10, t.slice(0, 400));
+    assert.ok(Math.abs(get('kiln_audio_seconds_total') - 11 * n) < 1e-6); // every transcription was jfk.wav
+    assert.ok(get('kiln_transcribe_seconds_total') > 0);
+    assert.equal(get('kiln_transcriptions_waiting'), 0);
+    assert.ok(get('kiln_http_requests_total{endpoint="audio"}'.replace(/[{}"=]/g, (c) => '\\' + c)) >= n);
+  });
 }

@@ -9,6 +9,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_AUDIO_SECONDS ?= 20
 FUZZ_TEMPLATE_SECONDS ?= 20
 FUZZ_SERVER_SECONDS ?= 20
+FUZZ_MULTIPART_SECONDS ?= 20
 SERVER_FUZZ_MODEL ?= tests/fixtures/server_chat
 
 APT_BUILD = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev \
@@ -106,6 +107,10 @@ fuzz: deps-test
 	rm -rf $(BUILD_FUZZ)/corpus_tmpl && cp -r tests/fuzz/corpus_chat_template $(BUILD_FUZZ)/corpus_tmpl
 	./$(BUILD_FUZZ)/fuzz_chat_template -max_total_time=$(FUZZ_TEMPLATE_SECONDS) -rss_limit_mb=2048 -timeout=10 \
 	    -dict=tests/fuzz/chat_template.dict -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_tmpl
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_multipart
+	rm -rf $(BUILD_FUZZ)/corpus_mp && cp -r tests/fuzz/corpus_multipart $(BUILD_FUZZ)/corpus_mp
+	./$(BUILD_FUZZ)/fuzz_multipart -max_total_time=$(FUZZ_MULTIPART_SECONDS) -rss_limit_mb=2048 -max_len=16384 \
+	    -dict=tests/fuzz/multipart.dict -artifact_prefix=$(BUILD_FUZZ)/ $(BUILD_FUZZ)/corpus_mp
 	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_server_request
 	rm -rf $(BUILD_FUZZ)/corpus_server && cp -r tests/fuzz/corpus_server $(BUILD_FUZZ)/corpus_server
 	KILN_FUZZ_MODEL=$(SERVER_FUZZ_MODEL) ./$(BUILD_FUZZ)/fuzz_server_request -max_total_time=$(FUZZ_SERVER_SECONDS) \

@@ -54,6 +54,9 @@ sed -n 2p "$TMP/o.srt" | grep -Eq '^[0-9]{2}:[0-9]{2}:[0-9]{2},[0-9]{3} --> [0-9
     2>/dev/null | head -1 | grep -qx "WEBVTT" || fail "vtt header"
 "$KILN" transcribe "$JFK" --model "$W" --format verbose_json --language en --no-fallback --max-new-tokens 24 \
     --prompt "And so my fellow Americans" 2>"$TMP/err" | grep -q '"segments":\[{"id":0' || fail "verbose_json with --prompt: $(cat "$TMP/err")"
+"$KILN" transcribe "$JFK" --model "$W" --format verbose_json --language en --no-fallback --max-new-tokens 24 \
+    --word-timestamps 2>"$TMP/err" | grep -q '"words":\[{"word":' || fail "verbose_json --word-timestamps: $(cat "$TMP/err")"
+expect_error "needs a text format" "$KILN" transcribe "$JFK" --model "$W" --format tokens --word-timestamps
 expect_error "missing --model" "$KILN" transcribe "$JFK"
 expect_error "not a whisper model" "$KILN" transcribe "$JFK" --model "$FIX/llama" --format tokens
 expect_error "transcribe or translate" "$KILN" transcribe "$JFK" --model "$W" --task summarize

@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "engine/transcribe.h"
+#include "engine/word_timing.h"
 #include "io/npy.h"
 #include "models/whisper.h"
 #include "audio/audio.h"
@@ -39,6 +40,20 @@ static double max_diff(const float *a, const float *b, int64_t n) {
 }
 
 /* ---- no oracle: cache consistency on a random model --------------------- */
+/* a stand-in detokenizer for the synthetic model: id k -> " w" every fifth id, else "x" */
+static kn_code fake_detok(void *user, const int32_t *ids, int n, char **text, kn_error *err) {
+    (void)user, (void)err;
+    char *t = malloc((size_t)n * 2 + 1);
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] % 5 == 0) t[k++] = ' ';
+        t[k++] = ids[i] % 5 == 0 ? 'w' : 'x';
+    }
+    t[k] = 0;
+    *text = t;
+    return KN_OK;
+}
+
 static void test_cache_consistency(void) {
     char dir[] = "/tmp/kiln_whisper_XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
@@ -123,6 +138,24 @@ static void test_cache_consistency(void) {
                               (i == 0 || g->seek >= t.segments[i - 1].seek),
                           "segment %d: seek %lld, %g..%g", i, (long long)g->seek, g->start, g->end);
                 }
+                kn_transcript_free(&t);
+            }
+            /* the same with word timestamps (seek continues after the last word) */
+            opt.word_timestamps = 1;
+            opt.detok = fake_detok;
+            lrc = kn_transcribe(w, longpcm, total, &opt, &t, &err);
+            CHECK(lrc == KN_OK, "long-form transcribe with word timestamps: %s", err.msg);
+            if (!lrc) {
+                double prev = 0;
+                int nw = 0;
+                for (int i = 0; i < t.n_segments; i++)
+                    for (int k = 0; k < t.segments[i].n_words; k++, nw++) {
+                        const kn_word *wd = &t.segments[i].words[k];
+                        CHECK(wd->start >= prev - 0.02 && wd->start <= wd->end && wd->end <= t.duration + 1e-9,
+                              "long-form word %d: %g..%g after %g", nw, wd->start, wd->end, prev);
+                        prev = wd->end;
+                    }
+                CHECK(t.n_windows >= 3 && nw > 0, "long-form words: %d windows, %d words", t.n_windows, nw);
                 kn_transcript_free(&t);
             }
             free(longpcm);
@@ -397,6 +430,199 @@ static void test_segment_callback(kn_whisper *w) {
     free(pcm);
 }
 
+/* ---- word timestamps vs transformers ---------------------------------------- */
+
+/* transformers' word (its text without the "<|endoftext|>" that its decode
+ * writes for eot) equals kiln's */
+static int same_word(const char *theirs, const char *ours) {
+    char buf[1024];
+    const char *e = strstr(theirs, "<|endoftext|>");
+    if (e && strlen(theirs) < sizeof buf) {
+        size_t k = (size_t)(e - theirs);
+        memcpy(buf, theirs, k);
+        strcpy(buf + k, e + 13);
+        theirs = buf;
+    }
+    return !strcmp(theirs, ours);
+}
+
+static void test_oracle_words(oracle *o, kn_whisper *w) {
+    json_t *wt = json_object_get(o->ref, "word_timestamps");
+    if (!wt || json_object_get(wt, "error")) {
+        CHECK(0, "reference.json has no word_timestamps oracle (%s)",
+              wt ? json_string_value(json_object_get(wt, "error")) : "run tools/fixtures/gen_whisper.py");
+        return;
+    }
+    kn_error err = {0};
+    const kn_whisper_config *c = kn_whisper_cfg(w);
+    /* alignment heads from generation_config */
+    json_t *heads = json_object_get(wt, "alignment_heads");
+    CHECK((int)json_array_size(heads) == c->n_align, "alignment heads: %d, generation_config has %zu", c->n_align,
+          json_array_size(heads));
+    for (int a = 0; a < c->n_align && a < (int)json_array_size(heads); a++)
+        CHECK(c->align_layer[a] == json_integer_value(json_array_get(json_array_get(heads, a), 0)) &&
+                  c->align_head[a] == json_integer_value(json_array_get(json_array_get(heads, a), 1)),
+              "alignment head %d", a);
+    /* 1. cross-attention weights of the alignment heads (softmax over all 1500 positions) */
+    int32_t seq[512];
+    int T = read_ids(json_object_get(wt, "teacher_sequence"), seq, 512);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/cross_attn_align.npy", o->dir);
+    float *want = NULL;
+    int nd = 0;
+    int64_t sh[4] = {0};
+    kn_code rc = kn_npy_read_f32(path, &want, &nd, sh, &err);
+    CHECK(rc == KN_OK && nd == 3 && sh[0] == c->n_align && sh[1] == T && sh[2] == 1500, "%s: %s", path, err.msg);
+    if (!rc && nd == 3 && sh[0] == c->n_align && sh[1] == T && sh[2] == 1500) {
+        float *qk = malloc(sizeof(float) * (size_t)c->n_align * T * 1500);
+        CHECK(kn_whisper_encode(w, o->mel, &err) == KN_OK, "encode: %s", err.msg);
+        rc = kn_whisper_cross_qk(w, seq, T, 1500, qk, NULL, &err);
+        CHECK(rc == KN_OK, "cross qk: %s", err.msg);
+        double md = 0, mx = 0;
+        for (int64_t r = 0; !rc && r < (int64_t)c->n_align * T; r++) {
+            float *x = qk + r * 1500;
+            double m = x[0], s = 0;
+            for (int f = 1; f < 1500; f++) m = x[f] > m ? x[f] : m;
+            for (int f = 0; f < 1500; f++) s += exp(x[f] - m);
+            for (int f = 0; f < 1500; f++) {
+                double p = exp(x[f] - m) / s, d = fabs(p - want[r * 1500 + f]);
+                md = d > md ? d : md;
+                mx = p > mx ? p : mx;
+            }
+        }
+        CHECK(!rc && md <= 1e-4 * mx, "alignment-head cross-attention: max |d| %g (max %g)", md, mx);
+        printf("alignment-head cross-attention vs transformers: max |d| %.3g (max weight %.3g)\n", md, mx);
+        free(qk);
+    }
+    free(want);
+    /* 2. jump times (openai-whisper's find_alignment on the same tokens, via transformers' filters and DTW) */
+    json_t *os = json_object_get(wt, "openai_style");
+    int n_prompt = (int)json_integer_value(json_object_get(wt, "n_prompt"));
+    int num_frames = (int)json_integer_value(json_object_get(wt, "num_frames"));
+    json_t *jt = json_object_get(os, "jump_times");
+    CHECK(os && jt && n_prompt == 4 && T > n_prompt + 1, "openai_style jump times missing");
+    if (os && jt && n_prompt == 4 && T > n_prompt + 1) {
+        int n_text = T - n_prompt - 1;
+        double *jumps = malloc(sizeof(double) * (size_t)(n_text + 1)), *probs = malloc(sizeof(double) * (size_t)n_text);
+        CHECK(kn_whisper_encode(w, o->mel, &err) == KN_OK, "encode: %s", err.msg);
+        rc = kn_word_jump_times(w, seq, 3, seq + n_prompt, n_text, num_frames, jumps, probs, &err);
+        CHECK(rc == KN_OK, "jump times: %s", err.msg);
+        CHECK((int)json_array_size(jt) == n_text + 1, "oracle has %zu jump times, want %d", json_array_size(jt),
+              n_text + 1);
+        int bad = 0;
+        for (int k = 0; !rc && k <= n_text && k < (int)json_array_size(jt); k++)
+            bad += fabs(jumps[k] - json_number_value(json_array_get(jt, k))) > 1e-9;
+        CHECK(!rc && bad == 0, "%d of %d jump times differ from transformers' DTW", bad, n_text + 1);
+        printf("word jump times identical to transformers' DTW: %d\n", rc || bad ? 0 : n_text + 1);
+        free(jumps), free(probs);
+    }
+    /* 3. word grouping + punctuation merging (transformers' copy of openai-whisper's) */
+    kn_tokenizer *tk = NULL;
+    CHECK(kn_tokenizer_load(o->dir, &tk, &err) == KN_OK, "tokenizer: %s", err.msg);
+    json_t *ws = json_object_get(json_object_get(wt, "word_splits"), "cases");
+    CHECK(json_array_size(ws) >= 8, "word split cases missing (%s)",
+          json_string_value(json_object_get(wt, "word_splits_error")));
+    size_t i;
+    json_t *cs;
+    int n_cases = 0;
+    json_array_foreach(ws, i, cs) {
+        if (!tk) break;
+        int32_t toks[512];
+        int n = read_ids(json_object_get(cs, "tokens"), toks, 512);
+        int by_unicode = !strcmp(json_string_value(json_object_get(cs, "language")), "japanese");
+        kn_word_span *sp = NULL;
+        int ns = 0;
+        rc = kn_word_split(detok, tk, c->eos_token_id, toks, n, by_unicode, &sp, &ns, &err);
+        if (!rc) rc = kn_word_merge_punctuations(sp, ns, KN_PREPEND_PUNCTUATIONS, KN_APPEND_PUNCTUATIONS, &err);
+        CHECK(rc == KN_OK, "word split case %zu: %s", i, err.msg);
+        json_t *words = json_object_get(cs, "words"), *wtok = json_object_get(cs, "word_tokens");
+        int k = 0, ok = !rc;
+        for (size_t q = 0; ok && q < json_array_size(words); q++) {
+            const char *theirs = json_string_value(json_array_get(words, q));
+            if (same_word(theirs, "")) continue; /* <|endoftext|> alone: kiln's text is empty */
+            while (k < ns && !sp[k].text[0]) k++;
+            int32_t wt_ids[256];
+            int nw = read_ids(json_array_get(wtok, q), wt_ids, 256);
+            ok = k < ns && same_word(theirs, sp[k].text) && nw == sp[k].count &&
+                 !memcmp(wt_ids, toks + sp[k].first, sizeof(int32_t) * (size_t)nw);
+            if (!ok) CHECK(0, "word split case %zu (%s): word %zu '%s' vs kiln '%s'", i,
+                           json_string_value(json_object_get(cs, "language")), q, theirs, k < ns ? sp[k].text : "-");
+            k++;
+        }
+        while (ok && k < ns && !sp[k].text[0]) k++;
+        if (ok) CHECK(k == ns, "word split case %zu: kiln has %d extra words", i, ns - k);
+        n_cases += ok && k == ns;
+        kn_word_spans_free(sp, ns);
+    }
+    printf("word split cases identical to transformers: %d\n", n_cases);
+    /* 4. find_alignment (words with start / end) on several token lists vs transformers' pieces */
+    json_t *ac = json_object_get(wt, "alignment_cases");
+    CHECK(json_array_size(ac) >= 3, "alignment cases missing (%s)",
+          json_string_value(json_object_get(wt, "alignment_cases_error")));
+    int n_align_ok = 0;
+    json_array_foreach(ac, i, cs) {
+        if (!tk) break;
+        int32_t text[512], sot3[3] = {seq[0], seq[1], seq[2]};
+        int n = read_ids(json_object_get(cs, "text_tokens"), text, 512);
+        CHECK(kn_whisper_encode(w, o->mel, &err) == KN_OK, "encode: %s", err.msg);
+        kn_word_span *sp = NULL;
+        int ns = 0;
+        rc = kn_word_find_alignment(w, sot3, 3, text, n, num_frames, detok, tk, 0, &sp, &ns, &err);
+        CHECK(rc == KN_OK, "find_alignment case %zu: %s", i, err.msg);
+        json_t *words = json_object_get(cs, "words");
+        int ok = !rc && ns == (int)json_array_size(words);
+        for (int k = 0; ok && k < ns; k++) {
+            json_t *wd = json_array_get(words, (size_t)k);
+            int32_t wt_ids[256];
+            int nw = read_ids(json_object_get(wd, "tokens"), wt_ids, 256);
+            ok = same_word(json_string_value(json_object_get(wd, "word")), sp[k].text) && nw == sp[k].count &&
+                 !memcmp(wt_ids, text + sp[k].first, sizeof(int32_t) * (size_t)nw) &&
+                 fabs(sp[k].start - json_number_value(json_object_get(wd, "start"))) < 1e-9 &&
+                 fabs(sp[k].end - json_number_value(json_object_get(wd, "end"))) < 1e-9;
+            if (!ok)
+                CHECK(0, "find_alignment case %zu word %d: kiln '%s' %.2f..%.2f, transformers '%s' %.2f..%.2f", i, k,
+                      sp[k].text, sp[k].start, sp[k].end, json_string_value(json_object_get(wd, "word")),
+                      json_number_value(json_object_get(wd, "start")), json_number_value(json_object_get(wd, "end")));
+        }
+        if (!rc && ns != (int)json_array_size(words))
+            CHECK(0, "find_alignment case %zu: %d words, transformers %zu", i, ns, json_array_size(words));
+        n_align_ok += ok;
+        kn_word_spans_free(sp, ns);
+    }
+    printf("find_alignment word cases identical to transformers: %d\n", n_align_ok);
+    /* 5. kn_transcribe with word timestamps: words in order, inside the audio, spelling the transcript */
+    snprintf(path, sizeof path, "%s/audio/jfk.wav", kn_test_fixtures());
+    float *pcm = NULL;
+    int64_t n_pcm = 0;
+    if (tk && kn_audio_load_file(path, 0, &pcm, &n_pcm, &err) == KN_OK) {
+        kn_decode_options opt;
+        kn_decode_options_default(&opt);
+        opt.language = "en", opt.timestamps = 0, opt.n_temperatures = 1, opt.max_new_tokens = 24;
+        opt.word_timestamps = 1, opt.detok = detok, opt.detok_user = tk;
+        kn_transcript t;
+        rc = kn_transcribe(w, pcm, n_pcm, &opt, &t, &err);
+        CHECK(rc == KN_OK, "transcribe with word timestamps: %s", err.msg);
+        if (!rc) {
+            int ok = 1, nwords = 0;
+            double prev_end = 0;
+            char spelled[4096] = "";
+            for (int s = 0; s < t.n_segments; s++)
+                for (int q = 0; q < t.segments[s].n_words; q++, nwords++) {
+                    const kn_word *wd = &t.segments[s].words[q];
+                    ok &= wd->start <= wd->end && wd->start >= prev_end - 1e-9 && wd->end <= t.duration + 1e-9 &&
+                          wd->word[0] && wd->probability > 0 && wd->probability <= 1;
+                    prev_end = wd->end;
+                    if (strlen(spelled) + strlen(wd->word) < sizeof spelled) strcat(spelled, wd->word);
+                }
+            CHECK(ok && nwords > 0 && t.text && !strcmp(spelled, t.text), "transcript words: %d words '%s' vs '%s'",
+                  nwords, spelled, t.text ? t.text : "");
+            kn_transcript_free(&t);
+        }
+    }
+    free(pcm);
+    kn_tokenizer_free(tk);
+}
+
 static void test_oracle(void) {
     oracle o = {0};
     if (oracle_load(&o)) return;
@@ -412,6 +638,7 @@ static void test_oracle(void) {
         test_oracle_decode(&o, w);
         test_segment_callback(w);
         test_oracle_text(&o, w);
+        test_oracle_words(&o, w);
         kn_whisper_close(w);
     }
     free(o.mel);

@@ -95,6 +95,7 @@ int kn_cmd_transcribe(int argc, char **argv) {
         else if (!strcmp(a, "--temperature")) rc = kn_parse_float(a, v, 0, 1, &temperature, &err);
         else if (!strcmp(a, "--no-fallback")) no_fallback = 1, takes = 0;
         else if (!strcmp(a, "--no-timestamps")) no_timestamps = 1, takes = 0;
+        else if (!strcmp(a, "--word-timestamps")) o.word_timestamps = 1, takes = 0;
         else if (a[0] == '-') return kn_cli_usage_error("transcribe: unknown option %s", a);
         else if (!audio) audio = a, takes = 0;
         else return kn_cli_usage_error("transcribe: unexpected argument \"%s\"", a);
@@ -110,6 +111,8 @@ int kn_cmd_transcribe(int argc, char **argv) {
     int known = 0;
     for (size_t i = 0; i < sizeof formats / sizeof *formats; i++) known |= !strcmp(format, formats[i]);
     if (!known) return kn_cli_usage_error("--format %s: use text, json, verbose_json, srt, vtt or tokens", format);
+    if (o.word_timestamps && !strcmp(format, "tokens"))
+        return kn_cli_usage_error("--word-timestamps needs a text format (verbose_json lists the words)");
     o.task = !strcmp(task, "translate") ? KN_TASK_TRANSLATE : KN_TASK_TRANSCRIBE;
     o.beam_size = (int)beam;
     o.max_new_tokens = (int)max_new;

@@ -63,6 +63,7 @@ typedef struct {
      * KN_OK with the segments up to and including that one). May be NULL. */
     int (*on_segment)(void *user, const struct kn_segment *segment);
     void *on_segment_user;
+    int word_timestamps;                /* 1: per-word times (cross-attention DTW) in each segment */
 } kn_decode_options;
 
 /* openai-whisper's defaults: greedy, timestamps on, ladder 0,0.2,..,1.0,
@@ -89,6 +90,13 @@ void kn_decode_result_free(kn_decode_result *r);
 kn_code kn_whisper_decode_window(kn_whisper *w, const float *mel, const int32_t *prev, int n_prev,
                                  const kn_decode_options *o, float temperature, kn_decode_result *r, kn_error *err);
 
+/* One word with its time span (word timestamps). */
+typedef struct {
+    char *word;             /* text, with its leading space as decoded ("" never appears) */
+    double start, end;      /* seconds, rounded to 0.01 */
+    double probability;     /* mean probability of its tokens (teacher-forced) */
+} kn_word;
+
 typedef struct kn_segment {
     int id;
     int64_t seek;           /* first mel frame of the window */
@@ -98,6 +106,8 @@ typedef struct kn_segment {
     char *text;             /* NULL without a detokenizer */
     float temperature;
     double avg_logprob, compression_ratio, no_speech_prob;
+    kn_word *words;         /* word_timestamps only (NULL otherwise) */
+    int n_words;
 } kn_segment;
 
 typedef struct {

@@ -21,6 +21,7 @@
 #include "audio/audio.h"
 #include "audio/mel.h"
 #include "engine/transcribe.h"
+#include "engine/word_timing.h"
 
 #define TIME_PRECISION 0.02 /* seconds per timestamp token */
 #define INPUT_STRIDE 2      /* mel frames per encoder position */
@@ -36,6 +37,8 @@ void kn_transcript_free(kn_transcript *t) {
     for (int i = 0; i < t->n_segments; i++) {
         free(t->segments[i].tokens);
         free(t->segments[i].text);
+        for (int k = 0; k < t->segments[i].n_words; k++) free(t->segments[i].words[k].word);
+        free(t->segments[i].words);
     }
     free(t->segments);
     free(t->text);
@@ -148,8 +151,11 @@ kn_code kn_transcribe(kn_whisper *w, const float *pcm, int64_t n_samples, const 
     }
     int prompt_reset_since = 0;
     int64_t seek = 0;
+    const int64_t audio_frames = n_samples / KN_MEL_HOP; /* frames of actual audio (word alignment) */
+    double last_speech = 0.0;
     const int ts_begin = c->no_timestamps_token_id + 1, eot = c->eos_token_id;
     while (seek < content_frames) {
+        const int64_t win_seek = seek;
         int64_t seg_frames = content_frames - seek < win ? content_frames - seek : win;
         double time_offset = (double)seek * KN_MEL_HOP / KN_AUDIO_RATE;
         double seg_duration = (double)seg_frames * KN_MEL_HOP / KN_AUDIO_RATE;
@@ -221,6 +227,18 @@ kn_code kn_transcribe(kn_whisper *w, const float *pcm, int64_t n_samples, const 
                 }
             if (n > 0) rc = add_segment(out, &o, eot, seek, time_offset, time_offset + duration, tk, n, &r, err);
             seek += seg_frames;
+        }
+        if (!rc && o.word_timestamps && out->n_segments > first_new_segment) {
+            int64_t nf = audio_frames - win_seek < win ? audio_frames - win_seek : win;
+            if (nf >= 2)
+                rc = kn_add_word_timestamps(w, &o, out->language, out->segments + first_new_segment,
+                                            out->n_segments - first_new_segment, (int)nf, time_offset, &last_speech,
+                                            err);
+            /* as openai-whisper: continue after the last word rather than the last timestamp */
+            double last_end = -1;
+            for (int s = first_new_segment; s < out->n_segments; s++)
+                if (out->segments[s].n_words) last_end = out->segments[s].words[out->segments[s].n_words - 1].end;
+            if (!rc && !single_ending && !shortform && last_end > time_offset) seek = llround(last_end * 100.0);
         }
         if (!rc && shortform) seek = content_frames; /* one window, as transformers' short-form */
         /* remember the text for conditioning; reset after a hot fallback */
@@ -364,6 +382,16 @@ kn_code kn_transcript_format(const kn_transcript *t, const char *format, const c
                 json_array_append_new(segs, s);
             }
             json_object_set_new(j, "segments", segs);
+            json_t *words = NULL;
+            for (int i = 0; i < t->n_segments; i++)
+                for (int k = 0; k < t->segments[i].n_words; k++) {
+                    const kn_word *wd = &t->segments[i].words[k];
+                    if (!words) words = json_array();
+                    json_array_append_new(words, json_pack("{s:s, s:f, s:f, s:f}", "word", wd->word, "start",
+                                                           wd->start, "end", wd->end, "probability",
+                                                           round(wd->probability * 1e6) / 1e6));
+                }
+            if (words) json_object_set_new(j, "words", words);
         }
         char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(10));
         json_decref(j);

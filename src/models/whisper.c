@@ -56,6 +56,9 @@ struct kn_whisper {
     int max_logit_rows;
     int32_t *d_tokens, *d_iota, *d_idx; /* [max_rows], [max_rows], [max_slots * max_target] */
     int32_t *h_idx;
+    /* kn_whisper_cross_qk capture (NULL when not recording) */
+    float *qk_out, *qk_q, *qk_k; /* out [n_align, rows, frames]; host q [rows, d] and k [frames, 2d] */
+    int qk_frames;
     char desc[256];
 };
 
@@ -86,6 +89,16 @@ int kn_whisper_is_whisper_dir(const char *dir) {
     int yes = mt && !strcmp(mt, "whisper");
     json_decref(j);
     return yes;
+}
+
+/* openai-whisper without a per-model table: every head of the last half of
+ * the decoder layers */
+static kn_code default_alignment_heads(kn_whisper_config *c) {
+    if (c->n_align > 0) return KN_OK;
+    for (int l = c->dec_layers / 2; l < c->dec_layers; l++)
+        for (int h = 0; h < c->dec_heads && c->n_align < KN_WHISPER_MAX_ALIGN_HEADS; h++)
+            c->align_layer[c->n_align] = l, c->align_head[c->n_align++] = h;
+    return KN_OK;
 }
 
 static kn_code parse_config(const char *dir, kn_whisper_config *c, kn_error *err) {
@@ -143,7 +156,7 @@ static kn_code parse_config(const char *dir, kn_whisper_config *c, kn_error *err
     c->no_timestamps_token_id = c->prev_sot_token_id = c->transcribe_token_id = c->translate_token_id = -1;
     c->max_initial_timestamp_index = -1;
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    if (!kn_is_file(path)) return KN_OK;
+    if (!kn_is_file(path)) return default_alignment_heads(c);
     rc = kn_read_file(path, 8 << 20, &text, &len, err);
     if (rc) return rc;
     j = json_loadb(text, len, 0, &je);
@@ -176,6 +189,17 @@ static kn_code parse_config(const char *dir, kn_whisper_config *c, kn_error *err
         c->lang_code[c->n_langs][kl - 4] = 0;
         c->lang_token_id[c->n_langs++] = (int)json_integer_value(val);
     }
+    json_t *heads = json_object_get(j, "alignment_heads");
+    for (size_t i = 0; json_is_array(heads) && i < json_array_size(heads); i++) {
+        json_t *p = json_array_get(heads, i);
+        if (!json_is_array(p) || json_array_size(p) != 2 || !json_is_integer(json_array_get(p, 0)) ||
+            !json_is_integer(json_array_get(p, 1)))
+            continue;
+        json_int_t l = json_integer_value(json_array_get(p, 0)), h = json_integer_value(json_array_get(p, 1));
+        if (l < 0 || l >= c->dec_layers || h < 0 || h >= c->dec_heads || c->n_align >= KN_WHISPER_MAX_ALIGN_HEADS)
+            continue;
+        c->align_layer[c->n_align] = (int)l, c->align_head[c->n_align++] = (int)h;
+    }
     json_decref(j);
     /* every id used for decoding must be a valid vocabulary index */
     int *ids[] = {&c->decoder_start_token_id, &c->eos_token_id, &c->no_timestamps_token_id, &c->prev_sot_token_id,
@@ -198,7 +222,7 @@ static kn_code parse_config(const char *dir, kn_whisper_config *c, kn_error *err
             c->lang_token_id[n++] = c->lang_token_id[i];
         }
     c->n_langs = n;
-    return KN_OK;
+    return default_alignment_heads(c);
 }
 
 /* ---- weights -------------------------------------------------------------- */
@@ -567,6 +591,58 @@ void kn_whisper_encoder_output(kn_whisper *w, float *out) {
     kn_be_download(w->be, out, w->conv_out, sizeof(float) * (size_t)w->n_ctx * (size_t)w->d);
 }
 
+/* Scaled q.k of layer l's alignment heads for rows 0..rows-1 (the q of the
+ * cross-attention is in w->qkv) over the first qk_frames encoder positions. */
+static void capture_qk(kn_whisper *w, int l, int rows) {
+    const kn_whisper_config *c = &w->cfg;
+    const int d = w->d, hd = d / c->dec_heads, nf = w->qk_frames;
+    int any = 0;
+    for (int a = 0; a < c->n_align; a++) any |= c->align_layer[a] == l;
+    if (!any) return;
+    kn_be_sync(w->be);
+    kn_be_download(w->be, w->qk_q, w->qkv, sizeof(float) * (size_t)rows * (size_t)d);
+    kn_be_download(w->be, w->qk_k, w->dec[l].cross_kv, sizeof(float) * (size_t)nf * 2 * (size_t)d);
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int a = 0; a < c->n_align; a++) {
+        if (c->align_layer[a] != l) continue;
+        const int h = c->align_head[a];
+        for (int i = 0; i < rows; i++) {
+            const float *q = w->qk_q + (size_t)i * d + (size_t)h * hd;
+            float *o = w->qk_out + ((size_t)a * rows + i) * nf;
+            for (int f = 0; f < nf; f++) {
+                const float *k = w->qk_k + (size_t)f * 2 * d + (size_t)h * hd;
+                float s = 0.0f;
+                for (int e = 0; e < hd; e++) s += q[e] * k[e];
+                o[f] = s * scale;
+            }
+        }
+    }
+}
+
+kn_code kn_whisper_cross_qk(kn_whisper *w, const int32_t *tokens, int n, int n_frames, float *qk, float *logits,
+                            kn_error *err) {
+    const kn_whisper_config *c = &w->cfg;
+    if (n < 1 || n > c->max_target_positions || n_frames < 1 || n_frames > w->n_ctx || c->n_align < 1)
+        return kn_fail(err, KN_ERR_INVALID_ARG, "whisper alignment: %d tokens, %d frames (limits %d, %d; %d heads)",
+                       n, n_frames, c->max_target_positions, w->n_ctx, c->n_align);
+    float *lg = logits ? logits : malloc(sizeof(float) * (size_t)n * (size_t)c->vocab_size);
+    w->qk_q = malloc(sizeof(float) * (size_t)n * (size_t)w->d);
+    w->qk_k = malloc(sizeof(float) * (size_t)n_frames * 2 * (size_t)w->d);
+    kn_code rc;
+    if (!lg || !w->qk_q || !w->qk_k) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for alignment scores");
+    else {
+        w->qk_out = qk;
+        w->qk_frames = n_frames;
+        rc = kn_whisper_decode(w, 1, n, tokens, 0, 1, lg, err);
+    }
+    w->qk_out = NULL;
+    free(w->qk_q);
+    free(w->qk_k);
+    w->qk_q = w->qk_k = NULL;
+    if (lg != logits) free(lg);
+    return rc;
+}
+
 kn_code kn_whisper_decode(kn_whisper *w, int n_slots, int n_new, const int32_t *tokens, int pos0, int all_logits,
                           float *logits, kn_error *err) {
     const kn_whisper_config *c = &w->cfg;
@@ -604,6 +680,7 @@ kn_code kn_whisper_decode(kn_whisper *w, int n_slots, int n_new, const int32_t *
         /* cross-attention over the window's encoder output */
         be->vt->layer_norm(be, w->x, d, w->xn, d, rows, d, L->ln2_w, L->ln2_b, 1e-5f);
         be->vt->matmul(be, w->xn, rows, &L->cq, L->cq_b, w->qkv);
+        if (w->qk_out) capture_qk(w, l, rows);
         kn_dense_attention_args ca = {.q = w->qkv, .q_stride = d, .k = L->cross_kv, .k_stride = 2 * d,
                                       .v = L->cross_kv + d, .v_stride = 2 * d, .out = w->attn, .out_stride = d,
                                       .n_q = rows, .n_kv = w->n_ctx, .n_heads = c->dec_heads, .head_dim = hd,

@@ -19,6 +19,7 @@
 
 #define KN_WHISPER_MAX_SUPPRESS 512
 #define KN_WHISPER_MAX_LANGS 128
+#define KN_WHISPER_MAX_ALIGN_HEADS 256
 
 typedef struct {
     /* config.json */
@@ -40,6 +41,11 @@ typedef struct {
     int n_langs;
     char lang_code[KN_WHISPER_MAX_LANGS][12]; /* "en" from "<|en|>" */
     int lang_token_id[KN_WHISPER_MAX_LANGS];
+    /* cross-attention heads that align text with audio (word timestamps):
+     * generation_config alignment_heads [[layer, head], ...], else every
+     * head of the last half of the decoder layers (as openai-whisper) */
+    int n_align;
+    int align_layer[KN_WHISPER_MAX_ALIGN_HEADS], align_head[KN_WHISPER_MAX_ALIGN_HEADS];
 } kn_whisper_config;
 
 typedef struct kn_whisper kn_whisper;
@@ -75,6 +81,14 @@ void kn_whisper_encoder_output(kn_whisper *w, float *out);
  * or of its last one ([n_slots, vocab]). */
 kn_code kn_whisper_decode(kn_whisper *w, int n_slots, int n_new, const int32_t *tokens, int pos0, int all_logits,
                           float *logits, kn_error *err);
+
+/* Teacher-forced pass of tokens (positions 0..n-1, slot 0's cache is
+ * overwritten) that records, for each alignment head a (config n_align),
+ * the scaled cross-attention scores q.k / sqrt(head_dim) of every token over
+ * the first n_frames encoder positions: qk[(a * n + i) * n_frames + f]
+ * (host). logits (host, may be NULL) receives [n, vocab]. */
+kn_code kn_whisper_cross_qk(kn_whisper *w, const int32_t *tokens, int n, int n_frames, float *qk, float *logits,
+                            kn_error *err);
 
 /* Beam bookkeeping: slot s takes over the cache of slot src[s] for positions
  * [0, len). */

@@ -99,7 +99,7 @@ static void feed_text(kn_gen_run *g, const char *t, size_t n) {
     }
 }
 
-static int client_gone(int fd) {
+int kn_client_gone(int fd) {
     if (fd < 0) return 0;
     char c;
     ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -151,8 +151,8 @@ int kn_gen_pull(kn_gen_run *g, int conn_fd) {
     int rc;
     /* wait for the first event, watching the client (also between events:
      * a non-streaming answer writes nothing until the end) */
-    while ((rc = client_gone(conn_fd) ? -2 : kn_request_next(g->req, &ev, 100)) <= 0)
-        if (rc == -2 || (rc == 0 && client_gone(conn_fd))) {
+    while ((rc = kn_client_gone(conn_fd) ? -2 : kn_request_next(g->req, &ev, 100)) <= 0)
+        if (rc == -2 || (rc == 0 && kn_client_gone(conn_fd))) {
             kn_request_cancel(g->req);
             g->finish = KN_FINISH_CANCELLED;
             g->done = 1;

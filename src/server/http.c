@@ -27,15 +27,18 @@
 #include "io/file_util.h"
 #include "io/model_config.h"
 #include "models/model.h"
+#include "models/whisper.h"
 #include "server/server_internal.h"
 
 enum { ROUTE_NONE, ROUTE_COMPLETIONS, ROUTE_CHAT, ROUTE_MESSAGES, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH,
-       ROUTE_METRICS };
+       ROUTE_METRICS, ROUTE_TRANSCRIBE, ROUTE_TRANSLATE };
 
 typedef struct {
     int route;
     int too_large;
+    int unauthorized; /* answered 401 once the body has been read (and discarded) */
     kn_buf body;
+    char content_type[512]; /* multipart routes: the request's Content-Type ("" when absent or too long) */
 } conn_ctx;
 
 typedef struct {
@@ -51,6 +54,8 @@ static int route_of(const char *url, const char *method, int *method_ok) {
     if (!strcmp(url, "/v1/completions")) r = ROUTE_COMPLETIONS, post = 1;
     else if (!strcmp(url, "/v1/chat/completions")) r = ROUTE_CHAT, post = 1;
     else if (!strcmp(url, "/v1/messages")) r = ROUTE_MESSAGES, post = 1;
+    else if (!strcmp(url, "/v1/audio/transcriptions")) r = ROUTE_TRANSCRIBE, post = 1;
+    else if (!strcmp(url, "/v1/audio/translations")) r = ROUTE_TRANSLATE, post = 1;
     else if (!strcmp(url, "/v1/models")) r = ROUTE_MODELS;
     else if (!strncmp(url, "/v1/models/", 11)) r = ROUTE_MODEL;
     else if (!strcmp(url, "/health")) r = ROUTE_HEALTH;
@@ -159,21 +164,37 @@ static void hist_lines(kn_buf *b, const char *name, const char *help, const uint
 }
 
 static void metrics_body(kn_srv *s, kn_buf *b) {
-    kn_engine_stats st;
-    kn_engine_get_stats(s->engine, &st);
-    uint64_t http[6], reqs[4];
+    kn_engine_stats st = {0};
+    if (s->engine) kn_engine_get_stats(s->engine, &st);
+    uint64_t http[6], reqs[5];
     pthread_mutex_lock(&s->stats_mu);
     memcpy(http, s->http_by_class, sizeof http);
     memcpy(reqs, s->http_requests, sizeof reqs);
     pthread_mutex_unlock(&s->stats_mu);
-    static const char *const ep[4] = {"completions", "chat_completions", "messages", "other"};
+    static const char *const ep[5] = {"completions", "chat_completions", "messages", "other", "audio"};
     kn_buf_puts(b, "# HELP kiln_http_requests_total HTTP requests by endpoint.\n# TYPE kiln_http_requests_total counter\n");
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         kn_buf_printf(b, "kiln_http_requests_total{endpoint=\"%s\"} %llu\n", ep[i], (unsigned long long)reqs[i]);
     kn_buf_puts(b, "# HELP kiln_http_responses_total HTTP responses by status class.\n"
                    "# TYPE kiln_http_responses_total counter\n");
     for (int i = 1; i <= 5; i++)
         kn_buf_printf(b, "kiln_http_responses_total{code=\"%dxx\"} %llu\n", i, (unsigned long long)http[i]);
+    if (s->whisper) {
+        pthread_mutex_lock(&s->stats_mu);
+        kn_buf_printf(b,
+                      "# HELP kiln_transcriptions_total Finished transcriptions / translations.\n"
+                      "# TYPE kiln_transcriptions_total counter\nkiln_transcriptions_total %llu\n"
+                      "# HELP kiln_audio_seconds_total Seconds of audio transcribed.\n"
+                      "# TYPE kiln_audio_seconds_total counter\nkiln_audio_seconds_total %.3f\n"
+                      "# HELP kiln_transcribe_seconds_total Time spent transcribing (mel + decode).\n"
+                      "# TYPE kiln_transcribe_seconds_total counter\nkiln_transcribe_seconds_total %.3f\n"
+                      "# HELP kiln_transcriptions_waiting Requests waiting for the model.\n"
+                      "# TYPE kiln_transcriptions_waiting gauge\nkiln_transcriptions_waiting %d\n",
+                      (unsigned long long)s->transcriptions, s->audio_seconds, s->transcribe_seconds,
+                      s->whisper_waiting);
+        pthread_mutex_unlock(&s->stats_mu);
+    }
+    if (!s->engine) return; /* a Whisper server has no generation engine */
     kn_buf_printf(b,
                   "# HELP kiln_requests_submitted_total Generation requests accepted by the engine.\n"
                   "# TYPE kiln_requests_submitted_total counter\nkiln_requests_submitted_total %llu\n"
@@ -220,7 +241,8 @@ static void metrics_body(kn_srv *s, kn_buf *b) {
 
 static void model_object(kn_srv *s, kn_buf *b) {
     json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_name, "object", "model", "created",
-                          (json_int_t)s->created, "owned_by", "kiln", "max_model_len", s->model->max_context);
+                          (json_int_t)s->created, "owned_by", "kiln", "max_model_len",
+                          s->model ? s->model->max_context : kn_whisper_cfg(s->whisper)->max_target_positions);
     kn_buf_json(b, m);
     json_decref(m);
 }
@@ -240,15 +262,35 @@ static int conn_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
+static enum MHD_Result send_reply(kn_srv *s, struct MHD_Connection *c, kn_api_reply *rep) {
+    if (rep->stream) return send_stream(s, c, rep->stream, rep->conn_fd);
+    enum MHD_Result r =
+        send_body(s, c, rep->status, rep->content_type ? rep->content_type : "application/json", &rep->body);
+    kn_buf_free(&rep->body);
+    return r;
+}
+
 static enum MHD_Result handle_api(kn_srv *s, struct MHD_Connection *c, conn_ctx *cc) {
     int anthropic = cc->route == ROUTE_MESSAGES;
+    int audio = cc->route == ROUTE_TRANSCRIBE || cc->route == ROUTE_TRANSLATE;
     pthread_mutex_lock(&s->stats_mu);
-    s->http_requests[cc->route == ROUTE_COMPLETIONS ? 0 : cc->route == ROUTE_CHAT ? 1 : 2]++;
+    s->http_requests[audio ? 4 : cc->route == ROUTE_COMPLETIONS ? 0 : cc->route == ROUTE_CHAT ? 1 : 2]++;
     pthread_mutex_unlock(&s->stats_mu);
     if (cc->too_large)
         return send_error(s, c, anthropic, 413, "invalid_request_error", NULL,
                           "request body exceeds the server's limit of %zu bytes", s->opt.max_body_bytes);
     if (s->stopping) return send_error(s, c, anthropic, 503, "server_error", NULL, "the server is shutting down");
+    if (audio) {
+        kn_api_reply rep = {.conn_fd = conn_fd(c), .status = 200};
+        kn_api_audio(s, cc->route == ROUTE_TRANSLATE, cc->content_type[0] ? cc->content_type : NULL,
+                     cc->body.data ? cc->body.data : "", cc->body.len, &rep);
+        return send_reply(s, c, &rep);
+    }
+    if (s->whisper)
+        return send_error(s, c, anthropic, 400, "invalid_request_error", "model",
+                          "model '%s' is a Whisper speech-to-text model: it cannot %s; send audio to POST "
+                          "/v1/audio/transcriptions (or /v1/audio/translations)",
+                          s->model_name, cc->route == ROUTE_COMPLETIONS ? "complete text" : "chat");
     json_error_t je;
     json_t *req = json_loadb(cc->body.data ? cc->body.data : "", cc->body.len, JSON_REJECT_DUPLICATES, &je);
     if (!req)
@@ -263,10 +305,7 @@ static enum MHD_Result handle_api(kn_srv *s, struct MHD_Connection *c, conn_ctx 
     else if (cc->route == ROUTE_CHAT) kn_api_chat(s, req, &rep);
     else kn_api_messages(s, req, &rep);
     json_decref(req);
-    if (rep.stream) return send_stream(s, c, rep.stream, rep.conn_fd);
-    enum MHD_Result r = send_body(s, c, rep.status, "application/json", &rep.body);
-    kn_buf_free(&rep.body);
-    return r;
+    return send_reply(s, c, &rep);
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -284,7 +323,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!method_ok)
             return send_error(s, c, anthropic, 405, "invalid_request_error", NULL, "method %s is not allowed on %.200s",
                               method, url);
-        if (route != ROUTE_HEALTH && !auth_ok(s, c))
+        int authorized = route == ROUTE_HEALTH || auth_ok(s, c);
+        int has_body = route == ROUTE_COMPLETIONS || route == ROUTE_CHAT || route == ROUTE_MESSAGES ||
+                       route == ROUTE_TRANSCRIBE || route == ROUTE_TRANSLATE;
+        if (!authorized && !has_body)
             return send_error(s, c, anthropic, 401, anthropic ? "authentication_error" : "invalid_request_error", NULL,
                               "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')");
         if (route == ROUTE_HEALTH || route == ROUTE_MODELS || route == ROUTE_MODEL || route == ROUTE_METRICS) {
@@ -323,10 +365,17 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         cc = calloc(1, sizeof *cc);
         if (!cc) return MHD_NO;
         cc->route = route;
+        cc->unauthorized = !authorized; /* the upload is discarded; a client still sending it sees the 401 */
+        const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+        if (ct && strlen(ct) < sizeof cc->content_type) strcpy(cc->content_type, ct);
         *con_cls = cc;
         return MHD_YES;
     }
     if (*upload_data_size) {
+        if (cc->unauthorized) {
+            *upload_data_size = 0;
+            return MHD_YES;
+        }
         if (!cc->too_large && cc->body.len + *upload_data_size <= s->opt.max_body_bytes)
             kn_buf_add(&cc->body, upload_data, *upload_data_size);
         else cc->too_large = 1, kn_buf_free(&cc->body);
@@ -334,6 +383,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_data_size = 0;
         return MHD_YES;
     }
+    if (cc->unauthorized)
+        return send_error(s, c, cc->route == ROUTE_MESSAGES, 401,
+                          cc->route == ROUTE_MESSAGES ? "authentication_error" : "invalid_request_error", NULL,
+                          "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')");
     return handle_api(s, c, cc);
 }
 
@@ -423,11 +476,14 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
     s->opt = *o;
     if (!s->opt.host) s->opt.host = "127.0.0.1";
     if (s->opt.max_batch <= 0) s->opt.max_batch = 8;
-    if (s->opt.max_body_bytes == 0) s->opt.max_body_bytes = 4u << 20;
+    int whisper = !o->synthetic && o->model_dir && kn_whisper_is_whisper_dir(o->model_dir);
+    /* audio uploads: OpenAI's limit of 25 MB; JSON requests: 4 MiB */
+    if (s->opt.max_body_bytes == 0) s->opt.max_body_bytes = whisper ? 25u << 20 : 4u << 20;
     if (s->opt.max_connections <= 0) s->opt.max_connections = 256;
     s->created = (long)time(NULL);
     s->think_id = s->end_think_id = -1;
     pthread_mutex_init(&s->stats_mu, NULL);
+    pthread_mutex_init(&s->whisper_mu, NULL);
     const char *src_path = o->synthetic ? o->synthetic : o->model_dir;
     const char *base = strrchr(src_path, '/');
     base = base && base[1] ? base + 1 : src_path;
@@ -439,11 +495,18 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
     kn_model_options mo = {.backend = o->backend, .n_threads = o->n_threads, .max_context = o->max_context,
                            .max_seqs = s->opt.max_batch, .kv = o->kv, .kv_keep_layers = o->kv_keep_layers,
                            .kv_start = o->kv_start};
-    if (!o->synthetic && o->max_context <= 0 && (rc = pick_context(o, s->opt.max_batch, &mo.max_context, err)))
-        goto done;
     struct MHD_Daemon *d = NULL;
     kn_synthetic *syn = NULL;
     char path[4096];
+    if (whisper) {
+        /* transcription-only server: no generation engine, no chat */
+        kn_whisper_options wo = {.backend = o->backend, .n_threads = o->n_threads, .max_slots = 5};
+        if ((rc = kn_whisper_open(o->model_dir, &wo, &s->whisper, err))) goto done;
+        if ((rc = kn_tokenizer_load(o->model_dir, &s->tok, err))) goto done;
+        goto listen;
+    }
+    if (!o->synthetic && o->max_context <= 0 && (rc = pick_context(o, s->opt.max_batch, &mo.max_context, err)))
+        goto done;
     if (o->synthetic) {
         if ((rc = open_synthetic(o, &syn, &s->model, err))) goto done;
         path[0] = 0;
@@ -470,6 +533,7 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
     eo.prefix_cache_blocks = o->prefix_cache_mb < 0 ? s->model->kv->n_blocks / 2
                                                     : (int64_t)o->prefix_cache_mb * (1 << 20) / block_bytes;
     if ((rc = kn_engine_create(s->model, &eo, &s->engine, err))) goto done;
+listen:;
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST}, *ai;
     char port_s[16];
@@ -497,22 +561,29 @@ kn_code kn_server_run(const kn_server_options *o, kn_error *err) {
         goto done;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "kiln: serving %s (%s) on http://%s:%u (max batch %d)\n", s->model_name,
-            kn_model_describe(s->model), s->opt.host, di ? di->port : (unsigned)o->port, s->opt.max_batch);
+    if (s->whisper)
+        fprintf(stderr, "kiln: serving %s (%s; /v1/audio/transcriptions and /v1/audio/translations) on http://%s:%u "
+                        "(transcriptions run one at a time)\n",
+                s->model_name, kn_whisper_describe(s->whisper), s->opt.host, di ? di->port : (unsigned)o->port);
+    else
+        fprintf(stderr, "kiln: serving %s (%s) on http://%s:%u (max batch %d)\n", s->model_name,
+                kn_model_describe(s->model), s->opt.host, di ? di->port : (unsigned)o->port, s->opt.max_batch);
     fflush(stderr);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kiln: %s received, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     s->stopping = 1;
     MHD_quiesce_daemon(d);         /* no new connections */
-    kn_engine_shutdown(s->engine); /* cancel in-flight work: streams end, handlers return */
+    if (s->engine) kn_engine_shutdown(s->engine); /* cancel in-flight work: streams end, handlers return */
     MHD_stop_daemon(d);            /* joins the connection threads */
     rc = KN_OK;
 done:
     kn_engine_destroy(s->engine);
     if (s->tmpl) kn_chat_template_free(s->tmpl);
     if (s->tok) kn_tokenizer_free(s->tok);
-    kn_model_close(s->model);
+    if (s->model) kn_model_close(s->model);
+    kn_whisper_close(s->whisper);
+    pthread_mutex_destroy(&s->whisper_mu);
     kn_synthetic_free(syn);
     pthread_mutex_destroy(&s->stats_mu);
     free(s);

@@ -29,11 +29,16 @@ typedef struct {
     kn_engine *engine;
     kn_tokenizer *tok;       /* NULL when the model dir has no tokenizer.json */
     kn_chat_template *tmpl;  /* NULL when it has no chat template */
+    struct kn_whisper *whisper; /* a Whisper model (transcription-only server; model/engine are NULL) */
+    pthread_mutex_t whisper_mu; /* one transcription at a time */
+    int whisper_waiting;        /* requests waiting for whisper_mu (under stats_mu) */
+    uint64_t transcriptions;    /* finished transcriptions (under stats_mu) */
+    double audio_seconds, transcribe_seconds; /* audio transcribed, time spent (under stats_mu) */
     int32_t think_id, end_think_id; /* -1 when absent */
     long created;             /* unix time the server started */
     pthread_mutex_t stats_mu;
     uint64_t http_by_class[6]; /* 1xx..5xx responses, index = status / 100 */
-    uint64_t http_requests[4]; /* completions, chat, messages, other */
+    uint64_t http_requests[5]; /* completions, chat, messages, other, audio */
     volatile int stopping;
 } kn_srv;
 
@@ -110,6 +115,7 @@ struct kn_stream {
 typedef struct {
     int conn_fd; /* in: the client's socket (polled for disconnects), -1 if unknown */
     int status;
+    const char *content_type; /* NULL: application/json */
     kn_buf body;
     kn_stream *stream;
 } kn_api_reply;
@@ -117,6 +123,12 @@ typedef struct {
 void kn_api_completions(kn_srv *s, json_t *req, kn_api_reply *out);
 void kn_api_chat(kn_srv *s, json_t *req, kn_api_reply *out);
 void kn_api_messages(kn_srv *s, json_t *req, kn_api_reply *out);
+/* /v1/audio/transcriptions (translate 0) and /v1/audio/translations: a
+ * multipart/form-data body (api_audio.c). */
+void kn_api_audio(kn_srv *s, int translate, const char *content_type, const char *body, size_t len,
+                  kn_api_reply *out);
+/* 1 when the client on fd has closed its connection (fd < 0: never). */
+int kn_client_gone(int fd);
 /* Fill out with e as a JSON error body (OpenAI shape, or Anthropic's when anthropic). */
 void kn_api_error_reply(const kn_api_error *e, int anthropic, kn_api_reply *out);
 

@@ -7,6 +7,7 @@
 //   A = llama fixture, ids only, API key "test-key"
 //   B = llama fixture, long context, max batch 1, queue 1
 //   C = server_chat fixture (tokenizer + chat template), when present
+//   W = the tiny Whisper fixture (audio endpoints: audio_test.mjs)
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -427,6 +428,9 @@ if (C) {
     await expectStatus(ant.messages.create({ model: 'm', max_tokens: 'x', messages: cap.messages }), 400, Anthropic.BadRequestError);
   });
 }
+
+const { audioTests } = await import('./audio_test.mjs');
+await audioTests({ test, oa, raw, expectStatus, OpenAI, A, W: process.env.KILN_URL_W, FIX, BIN: process.env.KILN_BIN });
 
 console.log(`${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

@@ -10,6 +10,8 @@
 #   B  tests/fixtures/llama, --ctx 4096 --max-batch 1 --max-queue 1 (long
 #      generations: 429 and disconnect paths)
 #   C  tests/fixtures/server_chat (tokenizer + chat template) when present
+#   W  tests/fixtures/whisper (transcription-only server), API key, a 600 kB
+#      body limit (the 413 path with a real upload)
 # runs the client tests, then stops every server with SIGTERM and requires a
 # clean exit (graceful shutdown). Exit status: 0 only if everything passed.
 set -u
@@ -63,12 +65,15 @@ if [ -d "$ROOT/tests/fixtures/server_chat" ]; then
   start C "$ROOT/tests/fixtures/server_chat" --max-batch 8
 fi
 
-KILN_URL_A=$URL_A KILN_URL_B=$URL_B KILN_URL_C=$URL_C KILN_FIXTURES="$ROOT/tests/fixtures" NODE_PATH="$NPM/node_modules" \
+start W "$ROOT/tests/fixtures/whisper" --api-key audio-key --max-body 600000
+
+KILN_URL_A=$URL_A KILN_URL_B=$URL_B KILN_URL_C=$URL_C KILN_URL_W=$URL_W KILN_BIN="$BIN" \
+  KILN_FIXTURES="$ROOT/tests/fixtures" NODE_PATH="$NPM/node_modules" \
   node "$ROOT/tests/server/client_test.mjs" "$NPM/node_modules"
 status=$?
 
 # graceful shutdown: SIGTERM, clean exit within 10 s
-for name in A B C; do
+for name in A B C W; do
   [ -f "$WORK/$name.pid" ] || continue
   pid=$(cat "$WORK/$name.pid")
   kill -TERM "$pid"

@@ -240,8 +240,9 @@ ALWAYS_INLINE void qgemv_t(const float *xp, const float *xs, int M, const kn_wei
             for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
             const uint8_t *c = codes;
             for (int64_t g = 0; g < G; g++) {
-                __m512 d[4];
-                for (int i = 0; i < 4; i++) d[i] = _mm512_setzero_ps();
+                /* two partial sums per row: the even and odd chunks' FMA chains overlap */
+                __m512 d[4][2];
+                for (int i = 0; i < 4; i++) d[i][0] = d[i][1] = _mm512_setzero_ps();
                 for (int k = 0; k < gs; k += 32, c += chunk_bytes) {
                     _mm_prefetch((const char *)c + 512, _MM_HINT_T0);
                     __m512 v0, v1;
@@ -250,19 +251,24 @@ ALWAYS_INLINE void qgemv_t(const float *xp, const float *xs, int M, const kn_wei
                     for (int i = 0; i < 4; i++) {
                         if (i >= mr) break;
                         const float *xr = xp + (int64_t)(m0 + i) * K + off;
-                        d[i] = _mm512_fmadd_ps(v0, _mm512_loadu_ps(xr), d[i]);
-                        d[i] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xr + 16), d[i]);
+                        d[i][0] = _mm512_fmadd_ps(v0, _mm512_loadu_ps(xr), d[i][0]);
+                        d[i][1] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xr + 16), d[i][1]);
                     }
                 }
                 const __m512 s = _mm512_set1_ps(sc[g]);
                 for (int i = 0; i < 4; i++)
-                    if (i < mr) acc[i] = _mm512_fmadd_ps(d[i], s, acc[i]);
+                    if (i < mr) acc[i] = _mm512_fmadd_ps(_mm512_add_ps(d[i][0], d[i][1]), s, acc[i]);
             }
             for (int i = 0; i < mr; i++) {
+                /* + sum_g bias_g * sum(x over group g) */
                 const float *xsr = xs + (int64_t)(m0 + i) * G;
-                float bsum = 0.0f;
-                for (int64_t g = 0; g < G; g++) bsum += bi[g] * xsr[g];
-                out[(int64_t)(m0 + i) * N + n] = _mm512_reduce_add_ps(acc[i]) + bsum + (bias ? bias[n] : 0.0f);
+                __m512 bs = _mm512_setzero_ps();
+                for (int64_t g = 0; g < G; g += 16) {
+                    const __mmask16 mk = G - g >= 16 ? 0xffff : (__mmask16)((1u << (G - g)) - 1);
+                    bs = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, bi + g), _mm512_maskz_loadu_ps(mk, xsr + g), bs);
+                }
+                out[(int64_t)(m0 + i) * N + n] =
+                    _mm512_reduce_add_ps(acc[i]) + _mm512_reduce_add_ps(bs) + (bias ? bias[n] : 0.0f);
             }
         }
     }

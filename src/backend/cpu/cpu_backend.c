@@ -86,7 +86,7 @@ static void cpu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, in
         kn_cpu_qembed(be, t, ids, n, out);
         return;
     }
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n > 1)
     for (int i = 0; i < n; i++) {
         int64_t row = ids[i];
         float *o = out + (int64_t)i * d;
@@ -306,8 +306,10 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
     }
 }
 
+/* rows split across threads; one row (decode) runs on the caller alone: a
+ * parallel region would only add a barrier */
 static void cpu_swiglu(kn_backend *be, const float *gate_up, int rows, int dim, float *out) {
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 1)
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (int64_t)r * 2 * dim, *u = g + dim;
         float *o = out + (int64_t)r * dim;
@@ -344,7 +346,7 @@ static void cpu_gelu(kn_backend *be, const float *x, int64_t n, float *out, int 
 }
 
 static void cpu_geglu(kn_backend *be, const float *gate_up, int rows, int dim, float *out, int approx) {
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 1)
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (int64_t)r * 2 * dim, *u = g + dim;
         float *o = out + (int64_t)r * dim;

@@ -192,7 +192,7 @@ void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, flo
 
 void kn_cpu_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
     const int64_t d = t->cols, G = d / t->group_size, words = kn_quant_row_words(d, t->bits);
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n > 1)
     for (int i = 0; i < n; i++) {
         int64_t row = ids[i];
         float *o = out + (int64_t)i * d;

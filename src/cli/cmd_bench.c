@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/quant.h"
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "engine/synthetic.h"
@@ -106,7 +107,7 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
 int kn_cmd_bench(int argc, char **argv) {
     kn_cli_common common = {0};
     const char *model = NULL, *synthetic = NULL, *dtype_arg = NULL;
-    long prompt = 128, gen = 64, batch = 1;
+    long prompt = 128, gen = 64, batch = 1, bits = 0, group_size = 64;
     int json = 0, host_logits = 0;
     kn_error err = {0};
     for (int i = 0; i < argc; i++) {
@@ -130,11 +131,16 @@ int kn_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--gen")) rc = kn_parse_int(a, v, 1, 1 << 20, &gen, &err);
         else if (!strcmp(a, "--batch")) rc = kn_parse_int(a, v, 1, 512, &batch, &err);
         else if (!strcmp(a, "--dtype")) dtype_arg = v;
+        else if (!strcmp(a, "--bits")) rc = kn_parse_int(a, v, 0, 8, &bits, &err);
+        else if (!strcmp(a, "--group-size")) rc = kn_parse_int(a, v, 32, 128, &group_size, &err);
         else return kn_cli_usage_error("bench: unknown option %s", a);
         if (rc) return kn_cli_error(&err);
         i++;
     }
     if (!model == !synthetic) return kn_cli_usage_error("bench: give either MODEL or --synthetic CONFIG.json");
+    if (bits && !synthetic) return kn_cli_usage_error("bench: --bits applies to --synthetic weights (a quantized MODEL says its own)");
+    if (bits && (!kn_quant_bits_ok((int)bits) || !kn_quant_group_ok((int)group_size)))
+        return kn_cli_usage_error("bench: --bits must be 2, 4 or 8 and --group-size 32, 64 or 128");
     int ctx = (int)(prompt + gen);
     kn_model *m = NULL;
     kn_synthetic *syn = NULL;
@@ -156,7 +162,9 @@ int kn_cmd_bench(int argc, char **argv) {
             else if (!strcmp(dtype_arg, "f32")) dt = KN_DT_F32;
             else return kn_cli_usage_error("--dtype must be bf16, f16 or f32");
         }
-        if ((rc = kn_synthetic_create(&cfg, dt, 1234, common.n_threads, &syn, &err))) return kn_cli_error(&err);
+        if (bits && dt == KN_DT_F32) dt = KN_DT_BF16; /* scales/biases: bf16 like mlx-community checkpoints */
+        if ((rc = kn_synthetic_create_quant(&cfg, dt, (int)bits, (int)group_size, 1234, common.n_threads, &syn, &err)))
+            return kn_cli_error(&err);
         if ((rc = kn_backend_create(common.backend, common.n_threads, &be, &err))) {
             kn_synthetic_free(syn);
             return kn_cli_error(&err);
@@ -174,7 +182,8 @@ int kn_cmd_bench(int argc, char **argv) {
             kn_synthetic_free(syn);
             return kn_cli_error(&err);
         }
-        snprintf(label, sizeof label, "synthetic %s", synthetic);
+        if (bits) snprintf(label, sizeof label, "synthetic %s (MLX affine %ld-bit, group %ld)", synthetic, bits, group_size);
+        else snprintf(label, sizeof label, "synthetic %s", synthetic);
     } else {
         if (batch != 1) return kn_cli_usage_error("bench MODEL: --batch > 1 needs --synthetic in this build");
         char dir[4096];

@@ -18,7 +18,7 @@ static const char usage[] =
     "  mel AUDIO [--n-mels 80|128] --out FILE.npy   Whisper log-mel of the first 30 s, float32 [n_mels, 3000]\n"
     "  transcribe AUDIO --model WHISPER [--language L] [--task transcribe|translate] [--beam-size N] [--prompt TEXT]\n"
     "        [--format text|json|verbose_json|srt|vtt|tokens] [--no-timestamps] [--word-timestamps] [--temperature T] [--no-fallback]\n"
-    "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--host-logits] [--json]\n"
+    "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--dtype bf16|f16|f32] [--bits 4|8 [--group-size 64]] [--host-logits] [--json]\n"
     "  tokenize MODEL TEXT [--special] [--json]   ids of TEXT (\"-\": stdin); --special adds BOS/EOS etc.\n"
     "  detokenize MODEL IDS... [--skip-special]   text of the ids\n"
     "  quantize IN_DIR OUT_DIR [--bits 2|4|8] [--group-size 32|64|128] [--force]   MLX affine-quantized copy\n"

@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/quant.h"
+#include "io/quantize.h"
+
 struct kn_synthetic {
     kn_st_tensor *t;
     size_t n, cap;
@@ -86,6 +89,63 @@ static kn_code add3(kn_synthetic *s, kn_dtype dt, int64_t d0, int64_t d1, int64_
     kn_st_tensor *t = &s->t[s->n - 1];
     t->ndim = 3, t->shape[0] = d0, t->shape[1] = d1, t->shape[2] = d2;
     return KN_OK;
+}
+
+/* Replace the float tensor at index i by its MLX affine-quantized form:
+ * random codes (uniform over all 2^bits values) in U32 words, and scales /
+ * biases in the tensor's dtype such that w = scale * q + bias spans about
+ * [-ws, ws] like the float weights did. Appends <module>.scales/.biases. */
+static kn_code quantize_tensor(kn_synthetic *s, size_t i, int bits, int gs, float ws, uint64_t seed, int n_threads,
+                               kn_error *err) {
+    const int64_t rows = s->t[i].shape[0], cols = s->t[i].shape[1], words = kn_quant_row_words(cols, bits);
+    const kn_dtype sdt = s->t[i].dtype;
+    char base[256];
+    size_t len = strlen(s->t[i].name);
+    snprintf(base, sizeof base, "%.*s", (int)(len - 7), s->t[i].name);
+    void *q = NULL;
+    if (posix_memalign(&q, 64, (size_t)rows * (size_t)words * 4) != 0)
+        return kn_fail(err, KN_ERR_NOMEM, "out of memory for synthetic %s", s->t[i].name);
+    const uint64_t b0 = mix(seed ^ mix(i + 0x9e37));
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t j = 0; j < rows * words; j++) ((uint32_t *)q)[j] = (uint32_t)(mix(b0 + (uint64_t)j) >> 16);
+    free((void *)s->t[i].data);
+    s->t[i].data = q;
+    s->t[i].dtype = KN_DT_U32;
+    s->t[i].shape[1] = words;
+    s->t[i].nbytes = (size_t)rows * (size_t)words * 4;
+    /* scale ~ 2 ws / (2^bits - 1) (+-10%), bias ~ -ws (+-10%) */
+    const float sc = 2.0f * ws / (float)((1 << bits) - 1);
+    char fmt[300];
+    snprintf(fmt, sizeof fmt, "%s.scales", base);
+    kn_code rc = add(s, sdt, rows, cols / gs, sc, 0.1f * sc, seed, n_threads, err, fmt, 0);
+    if (!rc) {
+        snprintf(fmt, sizeof fmt, "%s.biases", base);
+        rc = add(s, sdt, rows, cols / gs, -ws, 0.1f * ws, seed, n_threads, err, fmt, 0);
+    }
+    return rc;
+}
+
+kn_code kn_synthetic_create_quant(const kn_model_config *c, kn_dtype dt, int bits, int group_size, uint64_t seed,
+                                  int n_threads, kn_synthetic **out, kn_error *err) {
+    kn_code rc = kn_synthetic_create(c, dt, seed, n_threads, out, err);
+    if (rc || bits == 0) return rc;
+    if (!kn_quant_bits_ok(bits) || !kn_quant_group_ok(group_size) || dt == KN_DT_F32) {
+        kn_synthetic_free(*out);
+        *out = NULL;
+        return kn_fail(err, KN_ERR_INVALID_ARG,
+                       "synthetic quantization needs bits 2, 4 or 8, group size 32, 64 or 128 and bf16/f16 scales");
+    }
+    if (n_threads <= 0) n_threads = omp_get_num_procs();
+    kn_synthetic *s = *out;
+    const size_t n_float = s->n; /* tensors appended below are scales/biases */
+    for (size_t i = 0; !rc && i < n_float; i++)
+        if (kn_quantize_selects(s->t[i].name, s->t[i].ndim, s->t[i].shape, group_size))
+            rc = quantize_tensor(s, i, bits, group_size, 0.02f, seed, n_threads, err);
+    if (rc) {
+        kn_synthetic_free(s);
+        *out = NULL;
+    }
+    return rc;
 }
 
 kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed, int n_threads, kn_synthetic **out,

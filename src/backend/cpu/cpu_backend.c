@@ -25,6 +25,8 @@ typedef struct {
     float *attn_scratch; /* n_threads * attn_scratch_len */
     float *apack;        /* packed matmul input, grown on demand */
     size_t apack_floats;
+    float *qprep; /* quantized GEMV: x reordered + group sums, grown on demand */
+    size_t qprep_floats;
     int64_t attn_scratch_len;
 } cpu_backend;
 
@@ -48,6 +50,7 @@ static void cpu_destroy(kn_backend *be) {
     free(c->gemm_scratch);
     free(c->attn_scratch);
     free(c->apack);
+    free(c->qprep);
     free(c);
 }
 
@@ -84,7 +87,7 @@ static void cpu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, in
         kn_cpu_qembed(be, t, ids, n, out);
         return;
     }
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n > 1)
     for (int i = 0; i < n; i++) {
         int64_t row = ids[i];
         float *o = out + (int64_t)i * d;
@@ -111,12 +114,15 @@ static void cpu_rms_norm(kn_backend *be, const float *x, int64_t x_stride, float
     }
 }
 
+static int cpu_matmul_bf16(cpu_backend *c, const float *x, int M, const kn_weight *w, const float *bias, float *out);
+static void cpu_matmul_f32(cpu_backend *c, const float *x, int M, const kn_weight *w, const float *bias, float *out);
+
 static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     cpu_backend *c = cpu(be);
     const int64_t N = w->rows;
     const int nt = be->n_threads;
     if (w->bits) {
-        kn_cpu_qmatmul(be, c->k, c->gemm_scratch, x, M, w, bias, out);
+        kn_cpu_qmatmul(be, c->k, c->gemm_scratch, &c->qprep, &c->qprep_floats, x, M, w, bias, out);
         return;
     }
     /* Up to 16 rows (a continuous-batching decode step) go through the GEMV
@@ -138,6 +144,58 @@ static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w
         }
         return;
     }
+    if (c->k->gemm_bf16 && w->dtype == KN_DT_BF16 && w->cols % 2 == 0 && cpu_matmul_bf16(c, x, M, w, bias, out))
+        return;
+    /* with a bf16 GEMM present the backend promises x rounded to the weight
+     * dtype from GEMV_MAX_M + 1 rows on (matmul_x_rounding_min_rows): f16
+     * weights follow the same contract */
+    float *xr = NULL;
+    if (c->base.matmul_x_rounding_min_rows && w->dtype != KN_DT_F32 && M >= c->base.matmul_x_rounding_min_rows) {
+        xr = malloc((size_t)M * (size_t)w->cols * sizeof(float));
+        if (xr) {
+            for (int64_t i = 0; i < (int64_t)M * w->cols; i++)
+                xr[i] = w->dtype == KN_DT_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16(x[i])) : kn_f16_to_f32(kn_f32_to_f16(x[i]));
+            x = xr;
+        }
+    }
+    cpu_matmul_f32(c, x, M, w, bias, out);
+    free(xr);
+}
+
+/* x . W^T through the bf16 dot-product GEMM; 0 when no memory for packing
+ * (the caller then takes the f32 path). */
+static int cpu_matmul_bf16(cpu_backend *c, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    const int64_t K = w->cols, N = w->rows;
+    const int nt = c->base.n_threads;
+    size_t need = kn_gemm_bf16_packed_words(M, K); /* 4-byte words, as floats */
+    if (need > c->apack_floats) {
+        float *p = cpu_alloc(&c->base, need * sizeof(float));
+        if (!p) return 0;
+        free(c->apack);
+        c->apack = p, c->apack_floats = need;
+    }
+    uint32_t *apk = (uint32_t *)c->apack;
+    const int tiles = (M + KN_GEMM_BF16_MR - 1) / KN_GEMM_BF16_MR;
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), per = (tiles + nt - 1) / nt;
+        int t0 = t * per, t1 = t0 + per < tiles ? t0 + per : tiles;
+        if (t0 < t1) c->k->pack_a_bf16(x, M, K, t0, t1, apk);
+    }
+    /* 48 rows (four 12-row register tiles) per work item */
+    const int64_t nb = 48, nblocks = (N + nb - 1) / nb;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t b = 0; b < nblocks; b++) {
+        int64_t n0 = b * nb, n1 = n0 + nb < N ? n0 + nb : N;
+        c->k->gemm_bf16(apk, M, w, bias, out, n0, n1);
+    }
+    return 1;
+}
+
+static void cpu_matmul_f32(cpu_backend *c, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    kn_backend *be = &c->base;
+    const int64_t N = w->rows;
+    const int nt = be->n_threads;
     const float *ap = NULL;
     if (c->k->pack_a) {
         size_t need = kn_gemm_packed_floats(M, w->cols);
@@ -257,8 +315,10 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
     }
 }
 
+/* rows split across threads; one row (decode) runs on the caller alone: a
+ * parallel region would only add a barrier */
 static void cpu_swiglu(kn_backend *be, const float *gate_up, int rows, int dim, float *out) {
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 1)
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (int64_t)r * 2 * dim, *u = g + dim;
         float *o = out + (int64_t)r * dim;
@@ -295,7 +355,7 @@ static void cpu_gelu(kn_backend *be, const float *x, int64_t n, float *out, int 
 }
 
 static void cpu_geglu(kn_backend *be, const float *gate_up, int rows, int dim, float *out, int approx) {
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 1)
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (int64_t)r * 2 * dim, *u = g + dim;
         float *o = out + (int64_t)r * dim;
@@ -414,6 +474,8 @@ kn_code kn_cpu_backend_create(int n_threads, kn_backend **out, kn_error *err) {
     c->base.vt = &cpu_vtbl;
     c->base.n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->k = kn_cpu_kernels_select();
+    /* GEMV_MAX_M (16) rows or fewer stay exact f32; more use the bf16 GEMM */
+    if (c->k->gemm_bf16) c->base.matmul_x_rounding_min_rows = 17;
     c->attn_scratch_len = KN_CPU_MAX_CONTEXT;
     c->gemm_scratch = cpu_alloc(&c->base, (size_t)c->base.n_threads * KN_GEMM_SCRATCH * sizeof(float));
     /* calloc-free: pages are touched only as far as contexts actually reach */

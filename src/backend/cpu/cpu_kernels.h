@@ -29,7 +29,34 @@ typedef struct {
     /* Read bytes (a multiple of 128, 32-aligned) as fast as possible; returns
      * a checksum so the reads cannot be elided. The bandwidth probe. */
     uint64_t (*read_sum)(const void *p, size_t bytes);
+    /* Optional (NULL where the processor lacks bf16 dot products): large-M
+     * matmul over bf16 weights with x rounded to bf16 (the backend then sets
+     * matmul_x_rounding_min_rows). pack_a_bf16 packs x[M, K] (K even) into
+     * 32-row tiles [t0, t1) of kn_gemm_bf16_packed_words(M, K) words;
+     * gemm_bf16 computes output columns [n0, n1) from it. */
+    void (*pack_a_bf16)(const float *x, int M, int64_t K, int t0, int t1, uint32_t *apk);
+    void (*gemm_bf16)(const uint32_t *apk, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
+                      int64_t n1);
+    /* Optional: MLX affine GEMV (small M) reading packed codes. qgemv_prep
+     * fills xp[M][K] (x in the kernel's element order) and xs[M][K/gs] (group
+     * sums of x) once per matmul; qgemv computes output columns [n0, n1) and
+     * returns 0 when it does not handle w->bits (callers fall back). */
+    void (*qgemv_prep)(const float *x, int M, int64_t K, int bits, int gs, float *xp, float *xs);
+    int (*qgemv)(const float *xp, const float *xs, int M, const kn_weight *w, const float *bias, float *out,
+                 int64_t n0, int64_t n1);
+    /* Optional: MLX affine matmul for large M with x in f32. qpack_a packs x
+     * into 32-row tiles [t0, t1) of 32 * K floats each (K a multiple of 32);
+     * qgemm computes output columns [n0, n1) with wb: 12 * K floats of
+     * per-thread scratch; returns 0 for bits it does not handle. */
+    void (*qpack_a)(const float *x, int M, int64_t K, int bits, int t0, int t1, float *apf);
+    int (*qgemm)(const float *apf, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1,
+                 float *wb);
 } kn_cpu_kernels;
+
+#define KN_GEMM_BF16_MR 32 /* rows of x per packed bf16 tile */
+static inline size_t kn_gemm_bf16_packed_words(int M, int64_t K) {
+    return (size_t)((M + KN_GEMM_BF16_MR - 1) / KN_GEMM_BF16_MR * KN_GEMM_BF16_MR) * (size_t)(K / 2);
+}
 
 #define KN_GEMM_KC 256 /* k-block: one packed W panel (KC x 16 f32 = 16 KiB) stays in L1 */
 #define KN_GEMM_NC 64  /* output columns per work item (packed W in L2) */
@@ -44,6 +71,8 @@ static inline size_t kn_gemm_packed_floats(int M, int64_t K) {
 extern const kn_cpu_kernels kn_cpu_kernels_scalar;
 #if defined(__x86_64__)
 extern const kn_cpu_kernels kn_cpu_kernels_avx2;
+/* the AVX2 set with AVX-512 (F/BW/VL/BF16) kernels in place of some */
+const kn_cpu_kernels *kn_cpu_kernels_avx512(void);
 #endif
 
 /* The best kernel set this processor supports. */

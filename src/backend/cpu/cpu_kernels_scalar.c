@@ -45,13 +45,19 @@ const kn_cpu_kernels kn_cpu_kernels_scalar = {
     .read_sum = read_sum_scalar,
 };
 
-/* KILN_CPU_KERNELS=scalar forces the portable kernels (tests run both). */
+/* KILN_CPU_KERNELS=scalar forces the portable kernels, =avx2 the AVX2 ones
+ * on an AVX-512 processor (tests run each set the processor has). */
 const kn_cpu_kernels *kn_cpu_kernels_select(void) {
     const char *force = getenv("KILN_CPU_KERNELS");
     if (force && !strcmp(force, "scalar")) return &kn_cpu_kernels_scalar;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &kn_cpu_kernels_avx2;
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (avx2 && !(force && !strcmp(force, "avx2")) && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bf16"))
+        return kn_cpu_kernels_avx512();
+    if (avx2) return &kn_cpu_kernels_avx2;
 #endif
     return &kn_cpu_kernels_scalar;
 }

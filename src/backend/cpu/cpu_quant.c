@@ -98,10 +98,77 @@ static void qgemm(const kn_cpu_kernels *k, const float *x, int M, const kn_weigh
     }
 }
 
-void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, const float *x, int M, const kn_weight *w,
-                    const float *bias, float *out) {
+/* The kernel set's packed-code GEMV (AVX-512); 0 when it does not apply. */
+static int qgemv_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, size_t *prep_floats, const float *x,
+                      int M, const kn_weight *w, const float *bias, float *out) {
+    const int64_t K = w->cols, N = w->rows, G = K / w->group_size;
+    if (!k->qgemv || M > 16 || (w->bits != 4 && w->bits != 8) || K % 32 != 0) return 0;
+    const size_t need = (size_t)M * (size_t)(K + G);
+    if (need > *prep_floats) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, need * sizeof(float)) != 0) return 0;
+        free(*prep);
+        *prep = p, *prep_floats = need;
+    }
+    float *xp = *prep, *xs = *prep + (size_t)M * K;
+    k->qgemv_prep(x, M, K, w->bits, w->group_size, xp, xs);
+    const int64_t chunk = 128, n_chunks = (N + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 1)
+    for (int64_t ch = 0; ch < n_chunks; ch++) {
+        int64_t n0 = ch * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        k->qgemv(xp, xs, M, w, bias, out, n0, n1);
+    }
+    return 1;
+}
+
+/* The kernel set's large-M quantized GEMM (AVX-512); 0 when it does not
+ * apply (or no memory: the caller's path is still correct). */
+static int qgemm_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, size_t *prep_floats, const float *x,
+                      int M, const kn_weight *w, const float *bias, float *out) {
+    const int64_t K = w->cols, N = w->rows;
+    if (!k->qgemm || (w->bits != 4 && w->bits != 8) || K % 32 != 0) return 0;
+    const int tiles = (M + 31) / 32, nt = be->n_threads;
+    const size_t need = (size_t)tiles * 32 * (size_t)K;
+    if (need > *prep_floats) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, need * sizeof(float)) != 0) return 0;
+        free(*prep);
+        *prep = p, *prep_floats = need;
+    }
+    float *apf = *prep;
+    int ok = 1;
+#pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), per = (tiles + nt - 1) / nt;
+        int t0 = t * per, t1 = t0 + per < tiles ? t0 + per : tiles;
+        if (t0 < t1) k->qpack_a(x, M, K, w->bits, t0, t1, apf);
+    }
+    const int64_t nb = 48, nblocks = (N + nb - 1) / nb;
+#pragma omp parallel num_threads(nt)
+    {
+        float *wb = NULL;
+        if (posix_memalign((void **)&wb, 64, (size_t)12 * (size_t)K * sizeof(float)) != 0) wb = NULL;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < nblocks; b++) {
+            int64_t n0 = b * nb, n1 = n0 + nb < N ? n0 + nb : N;
+            if (wb) k->qgemm(apf, M, w, bias, out, n0, n1, wb);
+            else {
+#pragma omp atomic write
+                ok = 0;
+            }
+        }
+        free(wb);
+    }
+    return ok;
+}
+
+void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, float **prep, size_t *prep_floats,
+                    const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     const int64_t N = w->rows;
     const int nt = be->n_threads;
+    if (M <= 16 ? qgemv_fast(be, k, prep, prep_floats, x, M, w, bias, out)
+                : qgemm_fast(be, k, prep, prep_floats, x, M, w, bias, out))
+        return;
     if (M <= 4) {
         const int64_t chunk = 64, n_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
@@ -125,7 +192,7 @@ void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, con
 
 void kn_cpu_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
     const int64_t d = t->cols, G = d / t->group_size, words = kn_quant_row_words(d, t->bits);
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n > 1)
     for (int i = 0; i < n; i++) {
         int64_t row = ids[i];
         float *o = out + (int64_t)i * d;

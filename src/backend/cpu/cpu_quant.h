@@ -8,9 +8,10 @@
 
 kn_code kn_cpu_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
 /* out[M, N] = x[M, K] . W^T (+ bias) for a quantized w; scratch: n_threads *
- * KN_GEMM_SCRATCH floats. */
-void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, const float *x, int M, const kn_weight *w,
-                    const float *bias, float *out);
+ * KN_GEMM_SCRATCH floats; *prep (*prep_floats long) is the backend's buffer for
+ * the kernel set's qgemv_prep, grown here on demand. */
+void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, float **prep, size_t *prep_floats,
+                    const float *x, int M, const kn_weight *w, const float *bias, float *out);
 void kn_cpu_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out);
 
 #endif

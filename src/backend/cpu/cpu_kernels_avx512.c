@@ -1,0 +1,395 @@
+/* cpu_kernels_avx512.c — AVX-512 (F/BW/VL + BF16) inner loops, compiled
+ * with those flags only for this file and chosen at runtime by
+ * kn_cpu_kernels_select on processors that have them (Zen 4/5, Sapphire
+ * Rapids and later). Kernels not given here come from the AVX2 set.
+ *
+ * gemv: decode-shaped matmul, memory bound: like the AVX2 one (each weight
+ *   row streamed once, converted to f32 exactly, dotted with every x row in
+ *   f32), 16 lanes wide, two weight rows in flight for one x row.
+ * gemm_bf16: prefill-shaped matmul over bf16 weights with vdpbf16ps. x is
+ *   rounded to bf16 (the backend says so: matmul_x_rounding_min_rows) and
+ *   packed into 32-row tiles of (k, k+1) pairs; each weight row's (k, k+1)
+ *   pair is one 32-bit word broadcast straight from the weight matrix, so W
+ *   needs no packing. A 32 x 12 register tile (24 accumulators) runs over all
+ *   of K; products are exact and summed in f32.
+ * qgemv: MLX affine 4/8-bit GEMV reading the packed codes:
+ *   sum_k x_k (s q_k + b) = s * sum_k x_k q_k + b * sum_k x_k per group, codes
+ *   widened to f32 in registers, x in f32 (no activation quantization), the
+ *   per-group sums of x computed once per call by qgemv_prep.
+ * qgemm: MLX affine prefill: 12 weight rows at a time dequantized into an
+ *   f32 buffer (scale * q + bias, as the reference), then a 32 x 12 f32 FMA
+ *   register tile over all of K with x in f32 (exact products). */
+#include <immintrin.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "base/quant.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE __m512 load16(const void *w, int64_t i, kn_dtype dt) {
+    if (dt == KN_DT_F32) return _mm512_loadu_ps((const float *)w + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
+    if (dt == KN_DT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+ALWAYS_INLINE float wat(const void *w, int64_t i, kn_dtype dt) {
+    if (dt == KN_DT_F32) return ((const float *)w)[i];
+    if (dt == KN_DT_BF16) return kn_bf16_to_f32(((const uint16_t *)w)[i]);
+    return kn_f16_to_f32(((const uint16_t *)w)[i]);
+}
+
+/* ---- gemv ---------------------------------------------------------------- */
+
+/* x rows [0, MR) against weight row n; accumulation per row in 4 x 16-lane
+ * partial sums over k, the same whatever MR is (batch-independent results). */
+#define GEMV_PREFETCH_BYTES 1024
+
+ALWAYS_INLINE void dot_rows(const float *x, int64_t ldx, int MR, const void *w, int64_t K, int64_t n, kn_dtype dt,
+                            float *r) {
+    __m512 a[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    const int64_t base = n * K, esz = dt == KN_DT_F32 ? 4 : 2;
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+        _mm_prefetch((const char *)w + (base + k) * esz + GEMV_PREFETCH_BYTES, _MM_HINT_T0);
+        if (dt == KN_DT_F32) _mm_prefetch((const char *)w + (base + k + 32) * esz + GEMV_PREFETCH_BYTES, _MM_HINT_T0);
+        for (int j = 0; j < 4; j++) {
+            __m512 wv = load16(w, base + k + 16 * j, dt);
+            for (int i = 0; i < MR; i++)
+                a[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * ldx + k + 16 * j), wv, a[i][j]);
+        }
+    }
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv = load16(w, base + k, dt);
+        for (int i = 0; i < MR; i++) a[i][0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * ldx + k), wv, a[i][0]);
+    }
+    for (int i = 0; i < MR; i++)
+        r[i] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[i][0], a[i][1]), _mm512_add_ps(a[i][2], a[i][3])));
+    for (; k < K; k++) {
+        float wv = wat(w, base + k, dt);
+        for (int i = 0; i < MR; i++) r[i] += x[i * ldx + k] * wv;
+    }
+}
+
+ALWAYS_INLINE void gemv_t(const float *x, int M, const kn_weight *wt, const float *bias, float *out, int64_t n0,
+                          int64_t n1, kn_dtype dt) {
+    const int64_t K = wt->cols, N = wt->rows;
+    const void *w = wt->data;
+    for (int64_t n = n0; n < n1; n++) {
+        const float b = bias ? bias[n] : 0.0f;
+        int m = 0;
+        float r[4];
+        for (; m + 3 < M; m += 4) {
+            dot_rows(x + (int64_t)m * K, K, 4, w, K, n, dt, r);
+            for (int i = 0; i < 4; i++) out[(int64_t)(m + i) * N + n] = r[i] + b;
+        }
+        if (M - m == 3) dot_rows(x + (int64_t)m * K, K, 3, w, K, n, dt, r);
+        else if (M - m == 2) dot_rows(x + (int64_t)m * K, K, 2, w, K, n, dt, r);
+        else if (M - m == 1) dot_rows(x + (int64_t)m * K, K, 1, w, K, n, dt, r);
+        for (int i = 0; m + i < M; i++) out[(int64_t)(m + i) * N + n] = r[i] + b;
+    }
+}
+
+static void gemv_avx512(const float *x, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
+                        int64_t n1) {
+    switch (w->dtype) {
+    case KN_DT_F32: gemv_t(x, M, w, bias, out, n0, n1, KN_DT_F32); break;
+    case KN_DT_BF16: gemv_t(x, M, w, bias, out, n0, n1, KN_DT_BF16); break;
+    default: gemv_t(x, M, w, bias, out, n0, n1, KN_DT_F16); break;
+    }
+}
+
+/* ---- gemm_bf16 ----------------------------------------------------------- */
+
+/* apk[tile][kp][32]: (bf16 x[m][2kp]) | (bf16 x[m][2kp+1]) << 16 for the
+ * tile's 32 rows m (zero past M); K even. Tiles [t0, t1). */
+static void pack_a_bf16_avx512(const float *x, int M, int64_t K, int t0, int t1, uint32_t *apk) {
+    const int64_t KP = K / 2;
+    for (int t = t0; t < t1; t++) {
+        uint32_t *dst = apk + (int64_t)t * KP * KN_GEMM_BF16_MR;
+        for (int i = 0; i < KN_GEMM_BF16_MR; i++) {
+            const int m = t * KN_GEMM_BF16_MR + i;
+            if (m >= M) {
+                for (int64_t kp = 0; kp < KP; kp++) dst[kp * KN_GEMM_BF16_MR + i] = 0;
+                continue;
+            }
+            const float *row = x + (int64_t)m * K;
+            int64_t kp = 0;
+            for (; kp + 16 <= KP; kp += 16) { /* 32 floats -> 16 packed pairs */
+                __m512bh p = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + 2 * kp + 16), _mm512_loadu_ps(row + 2 * kp));
+                uint32_t tmp[16];
+                _mm512_storeu_si512(tmp, (__m512i)p);
+                for (int j = 0; j < 16; j++) dst[(kp + j) * KN_GEMM_BF16_MR + i] = tmp[j];
+            }
+            for (; kp < KP; kp++)
+                dst[kp * KN_GEMM_BF16_MR + i] =
+                    (uint32_t)kn_f32_to_bf16(row[2 * kp]) | (uint32_t)kn_f32_to_bf16(row[2 * kp + 1]) << 16;
+        }
+    }
+}
+
+/* out[m0 + 0..31, n .. n+NR) over all of K. */
+ALWAYS_INLINE void bf16_tile(const uint32_t *ap, int64_t KP, const uint32_t *w, int64_t ldw, int NR, int mrows,
+                             const float *bias, float *out, int64_t ldo) {
+    __m512 acc[2][12];
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) acc[0][i] = acc[1][i] = _mm512_setzero_ps();
+    for (int64_t kp = 0; kp < KP; kp++) {
+        __m512bh a0 = (__m512bh)_mm512_load_si512(ap + kp * 32), a1 = (__m512bh)_mm512_load_si512(ap + kp * 32 + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) {
+            if (i >= NR) break;
+            __m512bh b = (__m512bh)_mm512_set1_epi32((int)w[i * ldw + kp]);
+            acc[0][i] = _mm512_dpbf16_ps(acc[0][i], a0, b);
+            acc[1][i] = _mm512_dpbf16_ps(acc[1][i], a1, b);
+        }
+    }
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ldo));
+    const __mmask16 m0 = mrows >= 16 ? 0xffff : (__mmask16)((1u << mrows) - 1);
+    const __mmask16 m1 = mrows >= 32 ? 0xffff : mrows <= 16 ? 0 : (__mmask16)((1u << (mrows - 16)) - 1);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) {
+        if (i >= NR) break;
+        __m512 b = _mm512_set1_ps(bias ? bias[i] : 0.0f);
+        _mm512_mask_i32scatter_ps(out + i, m0, rows, _mm512_add_ps(acc[0][i], b), 4);
+        if (m1) _mm512_mask_i32scatter_ps(out + i + 16 * ldo, m1, rows, _mm512_add_ps(acc[1][i], b), 4);
+    }
+}
+
+static void gemm_bf16_avx512(const uint32_t *apk, int M, const kn_weight *wt, const float *bias, float *out,
+                             int64_t n0, int64_t n1) {
+    const int64_t K = wt->cols, N = wt->rows, KP = K / 2;
+    const uint32_t *w = wt->data; /* row n's pair kp is word n * KP + kp */
+    const int tiles = (M + KN_GEMM_BF16_MR - 1) / KN_GEMM_BF16_MR;
+    for (int64_t n = n0; n < n1; n += 12) {
+        const int nr = (int)(n1 - n < 12 ? n1 - n : 12);
+        for (int t = 0; t < tiles; t++) {
+            const int m = t * KN_GEMM_BF16_MR, mrows = M - m;
+            const uint32_t *ap = apk + (int64_t)t * KP * KN_GEMM_BF16_MR;
+            float *o = out + (int64_t)m * N + n;
+            const float *bb = bias ? bias + n : NULL;
+            switch (nr) { /* constant NR: accumulators stay in registers */
+#define NR_CASE(R)                                                                                                     \
+    case R: bf16_tile(ap, KP, w + n * KP, KP, R, mrows, bb, o, N); break;
+                NR_CASE(1) NR_CASE(2) NR_CASE(3) NR_CASE(4) NR_CASE(5) NR_CASE(6) NR_CASE(7) NR_CASE(8) NR_CASE(9)
+                NR_CASE(10) NR_CASE(11) NR_CASE(12)
+#undef NR_CASE
+            }
+        }
+    }
+}
+
+/* ---- quantized gemv ------------------------------------------------------ */
+
+/* xp[M][K]: x, and for 4-bit codes each 32-element chunk reordered as its 16
+ * even then its 16 odd elements (a code byte holds elements 2j and 2j+1 in
+ * its low and high nibble); xs[M][G]: per-group sums of x. */
+static void qgemv_prep_avx512(const float *x, int M, int64_t K, int bits, int gs, float *xp, float *xs) {
+    const int64_t G = K / gs;
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (int64_t)m * K;
+        float *pr = xp + (int64_t)m * K;
+        for (int64_t k = 0; k < K; k += 32) {
+            __m512 lo = _mm512_loadu_ps(xr + k), hi = _mm512_loadu_ps(xr + k + 16);
+            if (bits == 4) {
+                _mm512_storeu_ps(pr + k, _mm512_permutex2var_ps(lo, ev, hi));
+                _mm512_storeu_ps(pr + k + 16, _mm512_permutex2var_ps(lo, od, hi));
+            } else {
+                _mm512_storeu_ps(pr + k, lo);
+                _mm512_storeu_ps(pr + k + 16, hi);
+            }
+        }
+        for (int64_t g = 0; g < G; g++) {
+            __m512 s = _mm512_setzero_ps();
+            for (int k = 0; k < gs; k += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(xr + g * gs + k));
+            xs[(int64_t)m * G + g] = _mm512_reduce_add_ps(s);
+        }
+    }
+}
+
+/* Codes of one 32-element chunk as two f32 vectors matching xp's order. */
+ALWAYS_INLINE void codes32(const uint8_t *c, int bits, __m512 *v0, __m512 *v1) {
+    if (bits == 8) {
+        *v0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)c)));
+        *v1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + 16))));
+    } else {
+        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)c));
+        *v0 = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+        *v1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+    }
+}
+
+ALWAYS_INLINE void qgemv_t(const float *xp, const float *xs, int M, const kn_weight *w, const float *bias, float *out,
+                           int64_t n0, int64_t n1, int bits) {
+    const int64_t K = w->cols, N = w->rows, G = K / w->group_size;
+    const int gs = w->group_size, chunk_bytes = 32 * bits / 8;
+    const int64_t row_bytes = K * bits / 8;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *codes = (const uint8_t *)w->data + n * row_bytes;
+        const float *sc = w->scales + n * G, *bi = w->biases + n * G;
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            const int mr = M - m0 < 4 ? M - m0 : 4;
+            __m512 acc[4];
+            for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
+            const uint8_t *c = codes;
+            for (int64_t g = 0; g < G; g++) {
+                /* two partial sums per row: the even and odd chunks' FMA chains overlap */
+                __m512 d[4][2];
+                for (int i = 0; i < 4; i++) d[i][0] = d[i][1] = _mm512_setzero_ps();
+                for (int k = 0; k < gs; k += 32, c += chunk_bytes) {
+                    _mm_prefetch((const char *)c + 512, _MM_HINT_T0);
+                    __m512 v0, v1;
+                    codes32(c, bits, &v0, &v1);
+                    const int64_t off = g * gs + k;
+                    for (int i = 0; i < 4; i++) {
+                        if (i >= mr) break;
+                        const float *xr = xp + (int64_t)(m0 + i) * K + off;
+                        d[i][0] = _mm512_fmadd_ps(v0, _mm512_loadu_ps(xr), d[i][0]);
+                        d[i][1] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xr + 16), d[i][1]);
+                    }
+                }
+                const __m512 s = _mm512_set1_ps(sc[g]);
+                for (int i = 0; i < 4; i++)
+                    if (i < mr) acc[i] = _mm512_fmadd_ps(_mm512_add_ps(d[i][0], d[i][1]), s, acc[i]);
+            }
+            for (int i = 0; i < mr; i++) {
+                /* + sum_g bias_g * sum(x over group g) */
+                const float *xsr = xs + (int64_t)(m0 + i) * G;
+                __m512 bs = _mm512_setzero_ps();
+                for (int64_t g = 0; g < G; g += 16) {
+                    const __mmask16 mk = G - g >= 16 ? 0xffff : (__mmask16)((1u << (G - g)) - 1);
+                    bs = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, bi + g), _mm512_maskz_loadu_ps(mk, xsr + g), bs);
+                }
+                out[(int64_t)(m0 + i) * N + n] =
+                    _mm512_reduce_add_ps(acc[i]) + _mm512_reduce_add_ps(bs) + (bias ? bias[n] : 0.0f);
+            }
+        }
+    }
+}
+
+static int qgemv_avx512(const float *xp, const float *xs, int M, const kn_weight *w, const float *bias, float *out,
+                        int64_t n0, int64_t n1) {
+    if (w->bits == 8) qgemv_t(xp, xs, M, w, bias, out, n0, n1, 8);
+    else if (w->bits == 4) qgemv_t(xp, xs, M, w, bias, out, n0, n1, 4);
+    else return 0;
+    return 1;
+}
+
+/* ---- quantized gemm (prefill) --------------------------------------------- */
+
+/* apf[tile][k][32]: x rows of 32-row tiles [t0, t1) in f32 (zero past M);
+ * for 4-bit codes k runs in qgemv_prep's order (each 32-chunk's evens, then
+ * odds) to match dequant_row's. */
+static void pack_a_f32_avx512(const float *x, int M, int64_t K, int bits, int t0, int t1, float *apf) {
+    for (int t = t0; t < t1; t++) {
+        float *dst = apf + (int64_t)t * K * 32;
+        for (int i = 0; i < 32; i++) {
+            const int m = t * 32 + i;
+            for (int64_t k = 0; k < K; k += 32)
+                for (int j = 0; j < 32; j++) {
+                    const int64_t src = bits == 4 ? k + (j < 16 ? 2 * j : 2 * (j - 16) + 1) : k + j;
+                    dst[(k + j) * 32 + i] = m < M ? x[(int64_t)m * K + src] : 0.0f;
+                }
+        }
+    }
+}
+
+/* out[i] = scale * q + bias over packed row `codes` (K elements), in
+ * qgemv_prep's element order. */
+static void dequant_row(const uint8_t *codes, const float *sc, const float *bi, int64_t K, int gs, int bits,
+                        float *out) {
+    const int chunk_bytes = 32 * bits / 8;
+    for (int64_t k = 0; k < K; k += 32, codes += chunk_bytes) {
+        __m512 v0, v1;
+        codes32(codes, bits, &v0, &v1);
+        const __m512 s = _mm512_set1_ps(sc[k / gs]), b = _mm512_set1_ps(bi[k / gs]);
+        _mm512_storeu_ps(out + k, _mm512_fmadd_ps(v0, s, b));
+        _mm512_storeu_ps(out + k + 16, _mm512_fmadd_ps(v1, s, b));
+    }
+}
+
+/* out[m0 + 0..31, n .. n+NR) = apf tile . wb[0..NR)^T over all of K (f32). */
+ALWAYS_INLINE void f32_tile(const float *ap, int64_t K, const float *wb, int NR, int mrows, const float *bias,
+                            float *out, int64_t ldo) {
+    __m512 acc[2][12];
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) acc[0][i] = acc[1][i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 a0 = _mm512_load_ps(ap + k * 32), a1 = _mm512_load_ps(ap + k * 32 + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) {
+            if (i >= NR) break;
+            __m512 b = _mm512_set1_ps(wb[i * K + k]);
+            acc[0][i] = _mm512_fmadd_ps(a0, b, acc[0][i]);
+            acc[1][i] = _mm512_fmadd_ps(a1, b, acc[1][i]);
+        }
+    }
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ldo));
+    const __mmask16 m0 = mrows >= 16 ? 0xffff : (__mmask16)((1u << mrows) - 1);
+    const __mmask16 m1 = mrows >= 32 ? 0xffff : mrows <= 16 ? 0 : (__mmask16)((1u << (mrows - 16)) - 1);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) {
+        if (i >= NR) break;
+        __m512 b = _mm512_set1_ps(bias ? bias[i] : 0.0f);
+        _mm512_mask_i32scatter_ps(out + i, m0, rows, _mm512_add_ps(acc[0][i], b), 4);
+        if (m1) _mm512_mask_i32scatter_ps(out + i + 16 * ldo, m1, rows, _mm512_add_ps(acc[1][i], b), 4);
+    }
+}
+
+/* Output columns [n0, n1): 12 weight rows at a time are dequantized into
+ * wb (12 * K floats, per thread), then every 32-row x tile runs over them. */
+static int qgemm_avx512(const float *apf, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
+                        int64_t n1, float *wb) {
+    if (w->bits != 4 && w->bits != 8) return 0;
+    const int64_t K = w->cols, N = w->rows, G = K / w->group_size, row_bytes = K * w->bits / 8;
+    const int tiles = (M + 31) / 32;
+    for (int64_t n = n0; n < n1; n += 12) {
+        const int nr = (int)(n1 - n < 12 ? n1 - n : 12);
+        for (int i = 0; i < nr; i++)
+            dequant_row((const uint8_t *)w->data + (n + i) * row_bytes, w->scales + (n + i) * G,
+                        w->biases + (n + i) * G, K, w->group_size, w->bits, wb + i * K);
+        for (int t = 0; t < tiles; t++) {
+            const float *ap = apf + (int64_t)t * K * 32;
+            float *o = out + (int64_t)t * 32 * N + n;
+            const float *bb = bias ? bias + n : NULL;
+            switch (nr) {
+#define NR_CASE(R)                                                                                                     \
+    case R: f32_tile(ap, K, wb, R, M - t * 32, bb, o, N); break;
+                NR_CASE(1) NR_CASE(2) NR_CASE(3) NR_CASE(4) NR_CASE(5) NR_CASE(6) NR_CASE(7) NR_CASE(8) NR_CASE(9)
+                NR_CASE(10) NR_CASE(11) NR_CASE(12)
+#undef NR_CASE
+            }
+        }
+    }
+    return 1;
+}
+
+/* ---- the kernel set ------------------------------------------------------ */
+
+static kn_cpu_kernels avx512_set;
+static pthread_once_t avx512_once = PTHREAD_ONCE_INIT;
+
+static void avx512_init(void) {
+    avx512_set = kn_cpu_kernels_avx2;
+    avx512_set.name = "avx512";
+    avx512_set.gemv = gemv_avx512;
+    avx512_set.pack_a_bf16 = pack_a_bf16_avx512;
+    avx512_set.gemm_bf16 = gemm_bf16_avx512;
+    avx512_set.qgemv_prep = qgemv_prep_avx512;
+    avx512_set.qgemv = qgemv_avx512;
+    avx512_set.qpack_a = pack_a_f32_avx512;
+    avx512_set.qgemm = qgemm_avx512;
+}
+
+const kn_cpu_kernels *kn_cpu_kernels_avx512(void) {
+    pthread_once(&avx512_once, avx512_init);
+    return &avx512_set;
+}

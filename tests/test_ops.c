@@ -42,6 +42,17 @@ static int close_to(double got, double ref, double mag, double tol) {
     return !isnan(got) && fabs(got - ref) <= tol * mag + 1e-6;
 }
 
+/* N x K random weight in dtype dt (wraw) and its exact float values (wf) */
+static void random_weight(kn_dtype dt, int N, int K, void *wraw, float *wf) {
+    for (int64_t i = 0; i < (int64_t)N * K; i++) {
+        float v = kn_test_rand(&seed);
+        if (dt == KN_DT_F32) ((float *)wraw)[i] = v;
+        else if (dt == KN_DT_BF16) ((uint16_t *)wraw)[i] = kn_f32_to_bf16(v);
+        else ((uint16_t *)wraw)[i] = kn_f32_to_f16(v);
+        wf[i] = kn_load_f32(wraw, dt, i);
+    }
+}
+
 /* fused_matmul (optional op): rms_norm prologue and SwiGLU epilogue against
  * a float64 reference of the separate ops. Skipped where the backend has no
  * such op or declines the shape (then the model runs the separate ops). */
@@ -56,13 +67,7 @@ static void test_fused_matmul(kn_dtype dt, int M, int N, int K, int with_norm, i
     fill(x, (int64_t)M * K, 2.0f);
     fill(g, K, 1.0f);
     fill(bias, N, 0.5f);
-    for (int64_t i = 0; i < (int64_t)N * K; i++) {
-        float v = kn_test_rand(&seed);
-        if (dt == KN_DT_F32) ((float *)wraw)[i] = v;
-        else if (dt == KN_DT_BF16) ((uint16_t *)wraw)[i] = kn_f32_to_bf16(v);
-        else ((uint16_t *)wraw)[i] = kn_f32_to_f16(v);
-        wf[i] = kn_load_f32(wraw, dt, i);
-    }
+    random_weight(dt, N, K, wraw, wf);
     kn_weight w;
     kn_error err = {0};
     CHECK(kn_be_weight_load(be, dt, N, K, wraw, 0, &w, &err) == KN_OK, "weight_load: %s", err.msg);
@@ -117,13 +122,7 @@ static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
     void *wraw = malloc((size_t)N * K * esz);
     fill(x, (int64_t)M * K, 1.0f);
     fill(bias, N, 0.5f);
-    for (int64_t i = 0; i < (int64_t)N * K; i++) {
-        float v = kn_test_rand(&seed);
-        if (dt == KN_DT_F32) ((float *)wraw)[i] = v;
-        else if (dt == KN_DT_BF16) ((uint16_t *)wraw)[i] = kn_f32_to_bf16(v);
-        else ((uint16_t *)wraw)[i] = kn_f32_to_f16(v);
-        wf[i] = kn_load_f32(wraw, dt, i);
-    }
+    random_weight(dt, N, K, wraw, wf);
     kn_weight w;
     kn_error err = {0};
     CHECK(kn_be_weight_load(be, dt, N, K, wraw, 0, &w, &err) == KN_OK, "weight_load: %s", err.msg);

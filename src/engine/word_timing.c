@@ -112,8 +112,12 @@ static kn_code push_span(kn_word_span **v, int *n, int *cap, char *text, int fir
     return KN_OK;
 }
 
-static kn_code split_on_unicode(kn_detok_fn detok, void *user, const int32_t *tokens, int n, kn_word_span **out,
-                                int *n_out, kn_error *err) {
+/* The detokenizer may skip special tokens; openai-whisper decodes
+ * <|endoftext|> as its text (so it never merges into a word as "" would). */
+static const char EOT_TEXT[] = "<|endoftext|>";
+
+static kn_code split_on_unicode(kn_detok_fn detok, void *user, int eot, const int32_t *tokens, int n,
+                                kn_word_span **out, int *n_out, kn_error *err) {
     *out = NULL, *n_out = 0;
     char *full = NULL;
     kn_code rc = detok(user, tokens, n, &full, err);
@@ -123,6 +127,16 @@ static kn_code split_on_unicode(kn_detok_fn detok, void *user, const int32_t *to
     long offset = 0;
     for (int i = 0; i < n && !rc; i++) {
         char *dec = NULL;
+        if (tokens[i] == eot && first == i) { /* a complete word: its own text */
+            if (!(dec = malloc(sizeof EOT_TEXT))) {
+                rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+                break;
+            }
+            memcpy(dec, EOT_TEXT, sizeof EOT_TEXT);
+            rc = push_span(&v, &nv, &cap, dec, first, 1, err);
+            first = i + 1;
+            continue;
+        }
         if ((rc = detok(user, tokens + first, i - first + 1, &dec, err))) break;
         long k = cp_index_fffd(dec);
         if (k < 0 || cp_at(full, offset + k) == 0xFFFD) {
@@ -144,7 +158,7 @@ kn_code kn_word_split(kn_detok_fn detok, void *user, int eot, const int32_t *tok
                       kn_word_span **out, int *n_out, kn_error *err) {
     kn_word_span *sub;
     int ns;
-    kn_code rc = split_on_unicode(detok, user, tokens, n, &sub, &ns, err);
+    kn_code rc = split_on_unicode(detok, user, eot, tokens, n, &sub, &ns, err);
     if (rc || by_unicode) {
         *out = sub, *n_out = ns;
         return rc;

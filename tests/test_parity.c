@@ -266,6 +266,113 @@ static void check_chunked_prefill(void) {
     kn_synthetic_free(syn);
 }
 
+/* Sliding-window layers in a ring of window + max_chunk - 1 positions
+ * (kv_paged.h) against the same model keeping every position (the masked
+ * full-cache path): two sequences several windows long, advanced together in
+ * one batch with an irregular schedule of prefill chunks (up to the full 512)
+ * and single-token decode steps, must give the same logits at every position,
+ * and the ring must hold less memory than the context. */
+static int ring_step(kn_model *m, kn_kv_seq **seqs, const int32_t *const *ids, const int *start, const int *len,
+                     float *const *out, kn_error *err) {
+    int32_t tok[512], pos[512], sq[512], rows[512], nt = 0;
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < len[s]; i++) tok[nt] = ids[s][start[s] + i], pos[nt] = start[s] + i, sq[nt] = s, rows[nt] = nt, nt++;
+    if (!nt) return 0;
+    const int V = m->cfg.vocab_size;
+    float *lg = malloc((size_t)nt * V * 4);
+    kn_batch b = {.n_tokens = nt, .tokens = tok, .pos = pos, .seq = sq, .n_seqs = 2, .seqs = seqs,
+                  .n_logits = nt, .logit_rows = rows};
+    kn_code rc = kn_model_forward(m, &b, lg, err);
+    for (int t = 0; !rc && t < nt; t++) memcpy(out[sq[t]] + (size_t)pos[t] * V, lg + (size_t)t * V, (size_t)V * 4);
+    free(lg);
+    return rc != KN_OK;
+}
+
+static void check_sliding_ring_one(const char *name, const char *cfg_json) {
+    kn_model_config cfg;
+    kn_error err = {0};
+    kn_synthetic *syn;
+    kn_model *mr = NULL, *mf = NULL;
+    if (kn_config_parse(cfg_json, strlen(cfg_json), NULL, 0, "synthetic", &cfg, &err) ||
+        kn_synthetic_create(&cfg, KN_DT_F32, 7, 2, &syn, &err)) {
+        CHECK(0, "ring %s: setup: %s", name, err.msg);
+        return;
+    }
+    kn_tensor_source src = kn_synthetic_source(syn);
+    const int ctx = 1600, n[2] = {1500, 1100}, V = cfg.vocab_size;
+    for (int full = 0; full < 2; full++) {
+        kn_backend *be;
+        kn_model_config c = cfg;
+        c.sliding_kv_full = full;
+        if (kn_backend_create(getenv("KILN_TEST_BACKEND"), 2, &be, &err) ||
+            kn_model_build(&c, &src, be, ctx, 2, full ? &mf : &mr, &err)) {
+            CHECK(0, "ring %s: build: %s", name, err.msg);
+            goto out;
+        }
+    }
+    CHECK(mr->kv->ring && !mf->kv->ring, "ring %s: the ring model has no ring (or the full one has)", name);
+    CHECK(kn_kv_seq_bytes(mr->kv, ctx) < kn_kv_seq_bytes(mf->kv, ctx) / 2 + kn_kv_seq_bytes(mf->kv, ctx) / 4,
+          "ring %s: a %d-token sequence needs %lld bytes with the ring, %lld without", name, ctx,
+          (long long)kn_kv_seq_bytes(mr->kv, ctx), (long long)kn_kv_seq_bytes(mf->kv, ctx));
+    int32_t *ids[2];
+    float *got[2][2];
+    for (int s = 0; s < 2; s++) {
+        ids[s] = malloc((size_t)n[s] * 4);
+        for (int i = 0; i < n[s]; i++) ids[s][i] = (i * (31 + 6 * s) + 7 * s + 3) % V;
+        for (int k = 0; k < 2; k++) got[k][s] = calloc((size_t)n[s] * V, 4);
+    }
+    /* per-step tokens of sequence 0 / 1: chunks of every size class, decode steps, and both at once */
+    static const int sched[][2] = {{37, 0}, {0, 512}, {512, 0}, {1, 1}, {475, 3}, {1, 1},  {1, 1},
+                                   {0, 512}, {300, 200}, {0, 384}, {1, 1}, {10, 1}, {1, 0}};
+    for (int k = 0; k < 2; k++) {
+        kn_model *m = k ? mf : mr;
+        kn_kv_seq sa = {0}, sb = {0};
+        kn_kv_seq *seqs[2] = {&sa, &sb};
+        int start[2] = {0, 0}, failed = 0;
+        failed |= kn_kv_seq_reserve(m->kv, &sa, n[0], &err) || kn_kv_seq_reserve(m->kv, &sb, n[1], &err);
+        for (size_t i = 0; !failed && (start[0] < n[0] || start[1] < n[1]); i++) {
+            const int *w = sched[i < sizeof sched / sizeof *sched ? i : sizeof sched / sizeof *sched - 2];
+            int len[2];
+            for (int s = 0; s < 2; s++) len[s] = w[s] < n[s] - start[s] ? w[s] : n[s] - start[s];
+            if (len[0] + len[1] > 512) len[1] = 512 - len[0];
+            failed = ring_step(m, seqs, (const int32_t *const *)ids, start, len, got[k], &err);
+            for (int s = 0; s < 2; s++) start[s] += len[s], seqs[s]->n_tokens = start[s];
+        }
+        CHECK(!failed, "ring %s: forward: %s", name, err.msg);
+        kn_kv_seq_release(m->kv, &sa), kn_kv_seq_release(m->kv, &sb);
+    }
+    double maxd = 0, scale = 0;
+    for (int s = 0; s < 2; s++)
+        for (size_t i = 0; i < (size_t)n[s] * V; i++) {
+            double d = fabs((double)got[0][s][i] - got[1][s][i]);
+            if (!(d <= maxd)) maxd = isnan(d) ? INFINITY : d;
+            if (fabs(got[1][s][i]) > scale) scale = fabs(got[1][s][i]);
+        }
+    CHECK(scale > 0 && maxd <= 1e-5 * scale, "ring %s: ring vs full-cache logits max |d| %.3g (scale %.3g)", name, maxd,
+          scale);
+    printf("ring %-10s window %d, ring %d of %d blocks: 2 seqs x %d/%d tokens, ring vs full cache max |d| %.2e of "
+           "max|logit|\n", name, cfg.sliding_window, mr->kv->ring ? mr->kv->ring_blocks : 0, mr->max_blocks, n[0], n[1],
+           maxd / scale);
+    for (int s = 0; s < 2; s++) free(ids[s]), free(got[0][s]), free(got[1][s]);
+out:
+    kn_model_close(mr), kn_model_close(mf);
+    kn_synthetic_free(syn);
+}
+
+static void check_sliding_ring(void) {
+    check_sliding_ring_one("mistral", "{\"model_type\": \"mistral\", \"vocab_size\": 300, \"hidden_size\": 64, "
+                                      "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                                      "\"num_key_value_heads\": 2, \"head_dim\": 16, \"sliding_window\": 40, "
+                                      "\"max_position_embeddings\": 4096}");
+    check_sliding_ring_one("gemma2", "{\"model_type\": \"gemma2\", \"vocab_size\": 300, \"hidden_size\": 64, "
+                                     "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+                                     "\"num_key_value_heads\": 1, \"head_dim\": 16, \"sliding_window\": 100, "
+                                     "\"query_pre_attn_scalar\": 16, \"attn_logit_softcapping\": 20.0, "
+                                     "\"final_logit_softcapping\": 30.0, \"hidden_activation\": \"gelu_pytorch_tanh\", "
+                                     "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\"], "
+                                     "\"max_position_embeddings\": 4096}");
+}
+
 /* A multimodal checkpoint runs its language model and says what it ignored. */
 static void check_ignored_components(void) {
     char dir[1024];
@@ -333,10 +440,15 @@ int main(int argc, char **argv) {
         "olmo2",   "granite",      "starcoder2", "glm4",       "smollm3",
     };
     if (argc > 1) {
-        for (int i = 1; i < argc; i++) check_fixture(argv[i]);
+        for (int i = 1; i < argc; i++) {
+            if (!strcmp(argv[i], "ring")) check_sliding_ring();
+            else if (!strcmp(argv[i], "chunked")) check_chunked_prefill();
+            else check_fixture(argv[i]);
+        }
     } else {
         for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) check_fixture(fixtures[i]);
         check_chunked_prefill();
+        check_sliding_ring();
         check_ignored_components();
         check_moe_active_bytes();
     }

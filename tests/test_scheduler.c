@@ -87,13 +87,17 @@ static kn_model *open_model(const char *dir, int max_seqs, int max_context) {
 static const int mix_len[8] = {16, 3, 40, 1, 25, 9, 33, 16};
 static const int mix_gen[8] = {24, 30, 12, 20, 7, 40, 18, 1};
 
-static void check_batch_invariance(const char *name) {
+/* max_context > 0: a context long enough that sliding-window layers live in
+ * a ring (kv_paged.h); the engine is then asked for a prefix cache, which a
+ * ring model must decline without changing any result. */
+static void check_batch_invariance(const char *name, int max_context) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", kn_test_fixtures(), name);
     reference ref;
     if (load_reference(dir, &ref)) return;
-    kn_model *m = open_model(dir, 8, 0);
+    kn_model *m = open_model(dir, 8, max_context);
     if (!m) return;
+    if (max_context) CHECK(m->kv->ring != NULL, "%s: context %d has no sliding-window ring", name, max_context);
     kn_error err = {0};
     /* solo runs through kn_generate (serial generation, no engine) */
     tokbuf solo[8];
@@ -105,7 +109,8 @@ static void check_batch_invariance(const char *name) {
         CHECK(rc == KN_OK, "%s: kn_generate: %s", name, err.msg);
     }
     for (int budget_i = 0; budget_i < 2; budget_i++) {
-        kn_engine_options eo = {.max_batch = 8, .step_tokens = budget_i ? 12 : 0};
+        kn_engine_options eo = {.max_batch = 8, .step_tokens = budget_i ? 12 : 0,
+                                .prefix_cache_blocks = max_context ? 64 : 0};
         kn_engine *e;
         if (kn_engine_create(m, &eo, &e, &err)) {
             CHECK(0, "%s: engine: %s", name, err.msg);
@@ -444,7 +449,8 @@ static void check_matmul_batch_invariance(void) {
 int main(int argc, char **argv) {
     check_matmul_batch_invariance();
     const char *names[] = {"llama", "phi3", "llama3"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) check_batch_invariance(names[i]);
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) check_batch_invariance(names[i], 0);
+    check_batch_invariance("gemma2", 1024); /* window 8: sliding layer in a ring */
     check_pool_wait();
     check_cancel_and_queue();
     check_sampling();

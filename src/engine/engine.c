@@ -599,7 +599,9 @@ kn_code kn_engine_create(kn_model *m, const kn_engine_options *o, kn_engine **ou
     if (!e->running || !e->logits || !e->tokens || !e->pos || !e->seq || !e->rows || !e->row_req || !e->seqs)
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for the engine");
     if (!rc) rc = kn_sampler_scratch_init(&e->scratch, e->V, err);
-    if (!rc && opt.prefix_cache_blocks > 0) rc = kn_prefix_cache_create(m->kv, opt.prefix_cache_blocks, &e->prefix, err);
+    /* sliding-window rings keep only a sequence's last window: no prefix to share */
+    if (!rc && opt.prefix_cache_blocks > 0 && !m->kv->ring)
+        rc = kn_prefix_cache_create(m->kv, opt.prefix_cache_blocks, &e->prefix, err);
     if (!rc) {
         pthread_mutex_init(&e->mu, NULL);
         pthread_cond_init(&e->cv, NULL);

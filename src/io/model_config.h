@@ -85,6 +85,7 @@ typedef struct {
     int qk_norm;                  /* qwen3 */
     int fused_qkv, fused_gate_up; /* phi3 */
     int sliding_window;           /* 0 = none */
+    int sliding_kv_full;          /* set by callers, not config.json: 1 keeps sliding layers' whole K/V (no ring) */
     /* per-layer window: 1 if layer uses sliding_window (from layer_types /
      * use_sliding_window+max_window_layers / arch default) */
     uint8_t layer_sliding[KN_MAX_LAYERS];

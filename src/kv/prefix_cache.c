@@ -137,7 +137,8 @@ void kn_prefix_cache_destroy(kn_prefix_cache *c) {
 int kn_prefix_cache_attach(kn_prefix_cache *c, kn_kv_seq *seq, const int32_t *tokens, int n) {
     const int bs = c->pool->block_size;
     int n_full = n / bs, k = 0;
-    if (n_full == 0 || seq->n_blocks != 0) return 0;
+    /* ring layers keep only the last window of a sequence: a cached prefix lacks their K/V */
+    if (n_full == 0 || seq->n_blocks != 0 || c->pool->ring) return 0;
     if (seq->cap < n_full) {
         int32_t *nb = realloc(seq->blocks, (size_t)n_full * sizeof *nb);
         if (!nb) return 0;
@@ -167,6 +168,7 @@ void kn_prefix_cache_insert(kn_prefix_cache *c, const kn_kv_seq *seq, const int3
     const int bs = c->pool->block_size;
     int n_full = n / bs;
     if (n_full > seq->n_blocks) n_full = seq->n_blocks;
+    if (c->pool->ring) return; /* see kn_prefix_cache_attach */
     uint64_t parent = 0;
     c->clock++;
     for (int k = 0; k < n_full; k++) {

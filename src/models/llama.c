@@ -217,9 +217,10 @@ static void free_model_memory(kn_model *m) {
     float *scratch[] = {m->x,      m->xn,      m->qkv,         m->attn,   m->gu,          m->act,   m->tmp,
                         m->logits, m->router_logits, m->route_w, m->moe_scratch, m->tmp2, m->shared_g};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) kn_be_free(be, scratch[i]);
-    int32_t *idx[] = {m->d_tokens, m->d_pos, m->d_seq, m->d_slots, m->d_bt, m->d_rows, m->route_idx, m->d_argmax};
+    int32_t *idx[] = {m->d_tokens, m->d_pos,     m->d_seq,    m->d_slots,    m->d_bt,
+                      m->d_rows,   m->route_idx, m->d_argmax, m->d_bt_ring, m->d_slots_ring};
     for (size_t i = 0; i < sizeof idx / sizeof *idx; i++) kn_be_free(be, idx[i]);
-    free(m->h_bt);
+    free(m->h_bt), free(m->h_bt_ring);
     kn_kv_pool_destroy(m->kv);
 }
 
@@ -251,30 +252,80 @@ static kn_code build_rope(kn_model *m, const kn_rope_config *r, int head_dim, kn
 }
 
 /* Memory planning: where the backend reports device memory, the KV pool
- * gets what is left of memory_fraction of the device once weights and
- * scratch are resident, capped at what max_seqs full-context sequences need.
- * Fewer blocks than one full-context sequence is an error naming the
- * numbers, never an out-of-memory crash later; requests beyond the pool are
- * refused by kn_kv_seq_reserve. */
-static kn_code plan_kv_blocks(kn_model *m, int64_t slot_floats, int64_t *blocks, kn_error *err) {
+ * gets what is left of memory_fraction of the device once weights, scratch
+ * and the sliding-window ring pool (ring_bytes, fixed) are resident, capped
+ * at what max_seqs full-context sequences need. Fewer blocks than one
+ * full-context sequence is an error naming the numbers, never an
+ * out-of-memory crash later; requests beyond the pool are refused by
+ * kn_kv_seq_reserve. block_bytes: K+V bytes of one block over the main
+ * pool's layers (0: all layers are in the ring). */
+static kn_code plan_kv_blocks(kn_model *m, double block_bytes, double ring_bytes, int64_t *blocks, kn_error *err) {
     kn_backend *be = m->be;
     if (!be->vt->memory_info) return KN_OK;
     size_t free_b = 0, total_b = 0;
     be->vt->memory_info(be, &free_b, &total_b);
     if (!total_b) return KN_OK;
     const double frac = be->memory_fraction > 0 ? be->memory_fraction : 0.9;
-    const double used = (double)(total_b - free_b), budget = frac * (double)total_b - used;
+    const double used = (double)(total_b - free_b), budget = frac * (double)total_b - used - ring_bytes;
     const double reserve = 256.0 * (1 << 20); /* cuBLAS workspace, attention scratch, graphs */
-    const kn_model_config *c = &m->cfg;
-    const double per_block = 2.0 * c->n_layers * (double)KN_KV_BLOCK_SIZE * (double)slot_floats * sizeof(float);
-    const int64_t fit = budget > reserve ? (int64_t)((budget - reserve) / per_block) : 0;
+    const int64_t fit = budget <= reserve ? 0 : block_bytes > 0 ? (int64_t)((budget - reserve) / block_bytes) : *blocks;
     if (fit < m->max_blocks)
         return kn_fail(err, KN_ERR_NOMEM,
                        "KV cache: %.2f GiB of the device's %.1f GiB budget (--gpu-memory %.2f) is left after the "
-                       "weights, room for %lld tokens; context %d needs %lld (lower --ctx or raise --gpu-memory)",
+                       "weights%s, room for %lld tokens; context %d needs %lld (lower --ctx or raise --gpu-memory)",
                        budget > 0 ? budget / (1 << 30) : 0.0, frac * (double)total_b / (1 << 30), frac,
-                       (long long)fit * KN_KV_BLOCK_SIZE, m->max_context, (long long)m->max_blocks * KN_KV_BLOCK_SIZE);
+                       ring_bytes > 0 ? " and the sliding-window ring" : "", (long long)fit * KN_KV_BLOCK_SIZE,
+                       m->max_context, (long long)m->max_blocks * KN_KV_BLOCK_SIZE);
     if (*blocks > fit) *blocks = fit;
+    return KN_OK;
+}
+
+/* The KV pools: full-attention layers in m->kv, sliding-window layers in its
+ * ring (kv_paged.h) when a ring of window + max_chunk - 1 positions is
+ * smaller than the context. Only layers that own K/V get storage; KV-shared
+ * layers view their source's. A pool whose layers differ in shape (gemma4)
+ * has slots as wide as its widest layer, viewed per layer. */
+static kn_code build_kv(kn_model *m, kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    const int bs = KN_KV_BLOCK_SIZE, nl = c->n_layers;
+    const int ring_blocks = c->sliding_window > 0 ? (c->sliding_window + m->max_chunk - 1 + bs - 1) / bs : 0;
+    const int use_ring = !c->sliding_kv_full && ring_blocks > 0 && ring_blocks < m->max_blocks;
+    int idx[KN_MAX_LAYERS], n_in[2] = {0, 0}, heads[2] = {0, 0}, dim[2] = {0, 0}, width[2] = {0, 0}, uniform[2] = {1, 1};
+    for (int l = 0; l < nl; l++) {
+        kn_layer *L = &m->layers[l];
+        L->in_ring = use_ring && c->layer_sliding[l];
+        if (L->kv_source != l) continue;
+        const int p = L->in_ring;
+        if (n_in[p] && (heads[p] != L->n_kv_heads || dim[p] != L->head_dim)) uniform[p] = 0;
+        heads[p] = L->n_kv_heads, dim[p] = L->head_dim;
+        if (L->kv_dim > width[p]) width[p] = L->kv_dim;
+        idx[l] = n_in[p]++;
+    }
+    for (int p = 0; p < 2; p++)
+        if (!uniform[p]) heads[p] = 1, dim[p] = width[p];
+    if (!n_in[0]) heads[0] = 1, dim[0] = 1; /* bookkeeping-only main pool */
+    const double F = sizeof(float);
+    const int64_t ring_pool_blocks = n_in[1] ? (int64_t)ring_blocks * m->max_seqs : 0;
+    const double ring_bytes = 2.0 * n_in[1] * (double)ring_pool_blocks * bs * heads[1] * dim[1] * F;
+    int64_t kv_blocks = (int64_t)m->max_blocks * m->max_seqs;
+    kn_code rc = plan_kv_blocks(m, 2.0 * n_in[0] * bs * (double)heads[0] * dim[0] * F, ring_bytes, &kv_blocks, err);
+    if (!rc) rc = kn_kv_pool_create(m->be, n_in[0], heads[0], dim[0], bs, kv_blocks, &m->kv, err);
+    if (!rc && n_in[1]) rc = kn_kv_pool_add_ring(m->kv, n_in[1], heads[1], dim[1], ring_blocks, ring_pool_blocks, err);
+    if (rc) return rc;
+    for (int l = 0; l < nl; l++) {
+        const kn_layer *L = &m->layers[l];
+        const kn_kv_pool *pool = L->in_ring ? m->kv->ring : m->kv;
+        m->kvl[l] = pool->layers[idx[L->kv_source]];
+        m->kvl[l].n_kv_heads = L->n_kv_heads;
+        m->kvl[l].head_dim = L->head_dim;
+    }
+    if (n_in[1]) {
+        const size_t bt = (size_t)m->max_seqs * (size_t)m->max_blocks * 4;
+        m->d_bt_ring = kn_be_alloc(m->be, bt), m->h_bt_ring = malloc(bt);
+        m->d_slots_ring = kn_be_alloc(m->be, (size_t)m->max_chunk * 4);
+        if (!m->d_bt_ring || !m->h_bt_ring || !m->d_slots_ring)
+            return kn_fail(err, KN_ERR_NOMEM, "out of memory for the sliding-window block tables");
+    }
     return KN_OK;
 }
 
@@ -396,21 +447,7 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for activations");
         goto fail;
     }
-    {
-        /* uniform layers: the pool's shape; otherwise slots as wide as the widest layer, viewed per layer */
-        int uniform = 1;
-        for (int l = 0; l < c->n_layers; l++) uniform &= m->layers[l].kv_dim == c->n_kv_heads * c->head_dim;
-        const int pool_heads = uniform ? c->n_kv_heads : 1, pool_dim = uniform ? c->head_dim : m->kv_dim;
-        int64_t kv_blocks = (int64_t)m->max_blocks * max_seqs;
-        if ((rc = plan_kv_blocks(m, (int64_t)pool_heads * pool_dim, &kv_blocks, err))) goto fail;
-        if ((rc = kn_kv_pool_create(be, c->n_layers, pool_heads, pool_dim, KN_KV_BLOCK_SIZE, kv_blocks, &m->kv, err)))
-            goto fail;
-        for (int l = 0; l < c->n_layers; l++) {
-            m->kvl[l] = m->kv->layers[l];
-            m->kvl[l].n_kv_heads = m->layers[l].n_kv_heads;
-            m->kvl[l].head_dim = m->layers[l].head_dim;
-        }
-    }
+    if ((rc = build_kv(m, err))) goto fail;
     char wdesc[48];
     if (m->embed.bits || m->layers[0].qkv.bits) {
         const kn_weight *qw = m->layers[0].qkv.bits ? &m->layers[0].qkv : &m->embed;
@@ -548,11 +585,12 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
                 if (!shared) op->rope(be, k, qs, n, L->n_kv_heads, hd, m->d_pos, rt);
             }
         }
-        if (!shared) op->kv_write(be, &m->kvl[l], k, v, qs, n, m->d_slots);
+        if (!shared) op->kv_write(be, &m->kvl[l], k, v, qs, n, L->in_ring ? m->d_slots_ring : m->d_slots);
         kn_attention_args a = {
             .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
             .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
-            .pos = m->d_pos, .seq = m->d_seq, .block_tables = m->d_bt, .max_blocks = m->max_blocks,
+            .pos = m->d_pos, .seq = m->d_seq, .block_tables = L->in_ring ? m->d_bt_ring : m->d_bt,
+            .max_blocks = m->max_blocks,
             .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
             .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
         };
@@ -607,7 +645,8 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     if (n <= 0 || n > m->max_chunk || b->n_seqs > m->max_seqs)
         return kn_fail(err, KN_ERR_INVALID_ARG, "forward: batch of %d tokens / %d sequences exceeds %d / %d", n,
                        b->n_seqs, m->max_chunk, m->max_seqs);
-    int32_t slots[MAX_CHUNK];
+    int32_t slots[MAX_CHUNK], ring_slots[MAX_CHUNK];
+    const kn_kv_pool *ring = m->kv->ring;
     for (int t = 0; t < n; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= c->vocab_size)
             return kn_fail(err, KN_ERR_INVALID_ARG, "token id %d is outside the vocabulary (0..%d)", b->tokens[t],
@@ -617,6 +656,11 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
             return kn_fail(err, KN_ERR_INVALID_ARG, "position %d has no reserved KV block (context %d)", b->pos[t],
                            m->max_context);
         slots[t] = kn_kv_seq_slot(m->kv, s, b->pos[t]);
+        if (ring) {
+            if (s->n_ring < (s->n_blocks < m->kv->ring_blocks ? s->n_blocks : m->kv->ring_blocks))
+                return kn_fail(err, KN_ERR_INVALID_ARG, "sequence has no reserved sliding-window blocks");
+            ring_slots[t] = kn_kv_seq_ring_slot(m->kv, s, b->pos[t]);
+        }
     }
     /* block tables, one row per sequence */
     int32_t *bt_host = m->h_bt;
@@ -624,6 +668,12 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     for (int s = 0; s < b->n_seqs; s++)
         memcpy(bt_host + (size_t)s * m->max_blocks, b->seqs[s]->blocks, (size_t)b->seqs[s]->n_blocks * 4);
     kn_be_upload(be, m->d_bt, bt_host, (size_t)b->n_seqs * (size_t)m->max_blocks * 4);
+    if (ring) {
+        memset(m->h_bt_ring, 0, (size_t)b->n_seqs * (size_t)m->max_blocks * sizeof(int32_t));
+        for (int s = 0; s < b->n_seqs; s++) kn_kv_seq_ring_table(m->kv, b->seqs[s], m->h_bt_ring + (size_t)s * m->max_blocks);
+        kn_be_upload(be, m->d_bt_ring, m->h_bt_ring, (size_t)b->n_seqs * (size_t)m->max_blocks * 4);
+        kn_be_upload(be, m->d_slots_ring, ring_slots, (size_t)n * 4);
+    }
     kn_be_upload(be, m->d_tokens, b->tokens, (size_t)n * 4);
     kn_be_upload(be, m->d_pos, b->pos, (size_t)n * 4);
     kn_be_upload(be, m->d_seq, b->seq, (size_t)n * 4);

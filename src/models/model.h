@@ -31,6 +31,7 @@ typedef struct {
      * (q|k|v, or q alone for a KV-shared layer) */
     int head_dim, n_kv_heads, q_dim, kv_dim, qkv_stride, inter;
     int kv_source; /* layer whose K/V this layer attends to (itself unless KV-shared) */
+    int in_ring;   /* its K/V (its source's) live in the sliding-window ring pool (kv_paged.h) */
     /* gemma4 */
     float layer_scalar;                        /* multiplies the layer output (1 = none) */
     kn_weight ple_gate, ple_proj;              /* per-layer input: [P, H], [H, P] */
@@ -82,6 +83,7 @@ struct kn_model {
     int logits_rows; /* rows of the logits scratch */
     int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows, *d_argmax;
     int32_t *h_bt; /* host staging for block tables [max_seqs, max_blocks] */
+    int32_t *d_bt_ring, *d_slots_ring, *h_bt_ring; /* the ring layers' block tables and slots (NULL: no ring) */
     int max_blocks;
     char desc[320];
     char notes[512]; /* what of the checkpoint is used / ignored (multimodal wrappers); "" when all is used */

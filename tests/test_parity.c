@@ -437,7 +437,7 @@ int main(int argc, char **argv) {
         "phi3",    "llama_bf16",
         /* model families (tools/fixtures/gen_families.py) */
         "gemma",   "gemma2",       "gemma3_text", "gemma3_mm", "qwen3_moe", "qwen2_moe", "mixtral",
-        "olmo2",   "granite",      "starcoder2", "glm4",       "smollm3",
+        "olmo2",   "granite",      "starcoder2", "glm4",       "smollm3",   "gemma4_text", "gemma3n_text",
     };
     if (argc > 1) {
         for (int i = 1; i < argc; i++) {

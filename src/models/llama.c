@@ -26,6 +26,7 @@
 
 #include "models/loader.h"
 #include "models/model.h"
+#include "models/gemma3n.h"
 #include "models/moe.h"
 #include "models/rope.h"
 
@@ -178,7 +179,9 @@ static kn_code plan_layers(kn_model *m, kn_error *err) {
                 return kn_fail(err, KN_ERR_FORMAT, "layer %d shares K/V with layer %d of another shape", l, L->kv_source);
         }
         L->qkv_stride = L->kv_source == l ? L->q_dim + 2 * L->kv_dim : L->q_dim;
-        L->inter = c->intermediate_size * (c->double_wide_mlp && L->kv_source != l ? 2 : 1);
+        L->inter = (c->layer_inter[l] ? c->layer_inter[l] : c->intermediate_size) *
+                   (c->double_wide_mlp && L->kv_source != l ? 2 : 1);
+        L->sparse = c->layer_sparse[l], L->sparse_mult = c->layer_sparsity_mult[l];
         if (L->q_dim > m->q_dim) m->q_dim = L->q_dim;
         if (L->kv_dim > m->kv_dim) m->kv_dim = L->kv_dim;
         if (L->qkv_stride > m->qkv_dim) m->qkv_dim = L->qkv_stride;
@@ -209,6 +212,7 @@ static void free_model_memory(kn_model *m) {
     kn_be_free(be, m->final_norm);
     kn_be_free(be, m->final_norm_b);
     kn_be_weight_free(be, &m->ple_embed), kn_be_weight_free(be, &m->ple_model_proj);
+    kn_gemma3n_free(m);
     float *g4[] = {m->ple_proj_norm, m->ple, m->ple_tmp, m->ple_g, m->ones};
     for (size_t i = 0; i < sizeof g4 / sizeof *g4; i++) kn_be_free(be, g4[i]);
     free(m->kvl);
@@ -350,7 +354,7 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
     m->kvl = calloc((size_t)c->n_layers, sizeof *m->kvl);
     if (!m->layers || !m->kvl) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto fail; }
     if ((rc = plan_layers(m, err))) goto fail;
-    if (c->ple_dim && c->ple_vocab < c->vocab_size) {
+    if (c->ple_dim && c->ple_vocab < c->vocab_size && c->arch != KN_ARCH_GEMMA3N) {
         rc = kn_fail(err, KN_ERR_UNSUPPORTED, "vocab_size_per_layer_input %d is smaller than vocab_size %d", c->ple_vocab,
                      c->vocab_size);
         goto fail;
@@ -447,6 +451,7 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for activations");
         goto fail;
     }
+    if (c->altup_inputs && (rc = kn_gemma3n_load(m, src, err))) goto fail;
     if ((rc = build_kv(m, err))) goto fail;
     char wdesc[48];
     if (m->embed.bits || m->layers[0].qkv.bits) {
@@ -525,6 +530,7 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *ou
         return 0;
     }
     op->matmul(be, xn, n, &L->gate_up, L->gate_up_bias, m->gu);
+    if (L->sparse) op->gaussian_topk(be, m->gu, 2 * (int64_t)I, n, I, L->sparse_mult); /* gemma3n */
     if (!c->mlp_gated) op->gelu(be, m->gu, (int64_t)n * I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
     else if (c->act == KN_ACT_SILU) op->swiglu(be, m->gu, n, I, m->act);
     else op->geglu(be, m->gu, n, I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
@@ -536,6 +542,70 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *ou
     return 0;
 }
 
+void kn_dec_ple_inputs(kn_model *m, const float *x, int n) {
+    const kn_model_config *c = &m->cfg;
+    kn_backend *be = m->be;
+    const kn_backend_vtbl *op = be->vt;
+    const int P = c->ple_dim, LP = c->n_layers * c->ple_dim, H = c->hidden_size;
+    /* per-layer inputs [n, L*P]: (norm(x W_p^T / sqrt(H)) + table[id] * sqrt(P)) / sqrt(2) */
+    op->embed(be, &m->ple_embed, m->d_ple_tokens ? m->d_ple_tokens : m->d_tokens, n, m->ple);
+    op->scale(be, m->ple, (int64_t)n * LP, (float)sqrt((double)P));
+    op->matmul(be, x, n, &m->ple_model_proj, NULL, m->ple_tmp);
+    op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow((double)H, -0.5));
+    op->rms_norm(be, m->ple_tmp, LP, m->ple_tmp, LP, n, c->n_layers, P, m->ple_proj_norm, (float)c->rms_norm_eps);
+    op->add(be, m->ple_tmp, m->ple, (int64_t)n * LP);
+    op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow(2.0, -0.5));
+}
+
+int kn_dec_mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *out, int may_fuse) {
+    return mlp(m, L, xn, n, out, may_fuse);
+}
+void kn_dec_norm_rows(kn_model *m, const float *x, float *out, int n, const float *w, const float *b) {
+    norm_rows(m, x, out, n, w, b);
+}
+void kn_dec_residual_add(kn_model *m, float *y, const float *post_norm, int n) { residual_add(m, y, post_norm, n); }
+
+/* Attention of layer l on in[n, H] (already pre-normed): q/k/v projection,
+ * q/k/v norms, RoPE, K/V written to the layer's cache (unless KV-shared),
+ * paged attention into m->attn [n, q_dim] (before o_proj). */
+void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
+    const kn_model_config *c = &m->cfg;
+    kn_backend *be = m->be;
+    const kn_backend_vtbl *op = be->vt;
+    const kn_layer *L = &m->layers[l];
+    const int n = b->n_tokens, hd = L->head_dim, qs = L->qkv_stride, shared = L->kv_source != l;
+    const float eps = (float)c->rms_norm_eps;
+    op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
+    float *q = m->qkv, *k = m->qkv + L->q_dim, *v = k + L->kv_dim;
+    if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
+        op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
+        if (!shared) op->rms_norm(be, k, qs, k, qs, n, L->n_kv_heads, hd, L->k_norm, eps);
+    } else if (c->qk_norm_kind == KN_QK_NORM_FULL) {
+        op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
+        op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
+    }
+    if (c->v_norm && !shared) op->rms_norm(be, v, qs, v, qs, n, L->n_kv_heads, hd, m->ones, eps);
+    if (c->layer_rope[l]) {
+        const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
+        if (!shared && L->q_dim == c->n_heads * hd) /* k's heads follow q's: one pass rotates both */
+            op->rope(be, q, qs, n, c->n_heads + L->n_kv_heads, hd, m->d_pos, rt);
+        else {
+            op->rope(be, q, qs, n, c->n_heads, hd, m->d_pos, rt);
+            if (!shared) op->rope(be, k, qs, n, L->n_kv_heads, hd, m->d_pos, rt);
+        }
+    }
+    if (!shared) op->kv_write(be, &m->kvl[l], k, v, qs, n, L->in_ring ? m->d_slots_ring : m->d_slots);
+    kn_attention_args a = {
+        .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
+        .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
+        .pos = m->d_pos, .seq = m->d_seq, .block_tables = L->in_ring ? m->d_bt_ring : m->d_bt,
+        .max_blocks = m->max_blocks,
+        .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
+        .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
+    };
+    op->attention(be, &a);
+}
+
 /* Enqueue the whole forward of batch b (index arrays already uploaded);
  * logits_host NULL leaves the (single) logits chunk on the backend. */
 static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) {
@@ -543,58 +613,23 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
     kn_backend *be = m->be;
     const int n = b->n_tokens, H = c->hidden_size;
     const kn_backend_vtbl *op = be->vt;
-    const float eps = (float)c->rms_norm_eps;
+    const int P = c->ple_dim, LP = c->n_layers * c->ple_dim;
+    if (c->altup_inputs) { /* gemma3n: its own residual streams (gemma3n.c), final hidden state in m->x */
+        kn_gemma3n_forward(m, b);
+        goto logits;
+    }
     op->embed(be, &m->embed, m->d_tokens, n, m->x);
     if (c->embed_scale != 1.0) op->scale(be, m->x, (int64_t)n * H, (float)c->embed_scale);
-    const int P = c->ple_dim, LP = c->n_layers * c->ple_dim;
-    if (P) {
-        /* gemma4 per-layer inputs [n, L*P]: (norm(x W_p^T / sqrt(H)) + table[id] * sqrt(P)) / sqrt(2) */
-        op->embed(be, &m->ple_embed, m->d_tokens, n, m->ple);
-        op->scale(be, m->ple, (int64_t)n * LP, (float)sqrt((double)P));
-        op->matmul(be, m->x, n, &m->ple_model_proj, NULL, m->ple_tmp);
-        op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow((double)H, -0.5));
-        op->rms_norm(be, m->ple_tmp, LP, m->ple_tmp, LP, n, c->n_layers, P, m->ple_proj_norm, eps);
-        op->add(be, m->ple_tmp, m->ple, (int64_t)n * LP);
-        op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow(2.0, -0.5));
-    }
+    if (P) kn_dec_ple_inputs(m, m->x, n);
     for (int l = 0; l < c->n_layers; l++) {
         const kn_layer *L = &m->layers[l];
-        const int hd = L->head_dim, qs = L->qkv_stride, shared = L->kv_source != l;
         /* attention */
         const float *in = m->x;
         if (L->attn_norm) {
             norm_rows(m, m->x, m->xn, n, L->attn_norm, L->attn_norm_b);
             in = m->xn;
         }
-        op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
-        float *q = m->qkv, *k = m->qkv + L->q_dim, *v = k + L->kv_dim;
-        if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
-            op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
-            if (!shared) op->rms_norm(be, k, qs, k, qs, n, L->n_kv_heads, hd, L->k_norm, eps);
-        } else if (c->qk_norm_kind == KN_QK_NORM_FULL) {
-            op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
-            op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
-        }
-        if (c->v_norm && !shared) op->rms_norm(be, v, qs, v, qs, n, L->n_kv_heads, hd, m->ones, eps);
-        if (c->layer_rope[l]) {
-            const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
-            if (!shared && L->q_dim == c->n_heads * hd) /* k's heads follow q's: one pass rotates both */
-                op->rope(be, q, qs, n, c->n_heads + L->n_kv_heads, hd, m->d_pos, rt);
-            else {
-                op->rope(be, q, qs, n, c->n_heads, hd, m->d_pos, rt);
-                if (!shared) op->rope(be, k, qs, n, L->n_kv_heads, hd, m->d_pos, rt);
-            }
-        }
-        if (!shared) op->kv_write(be, &m->kvl[l], k, v, qs, n, L->in_ring ? m->d_slots_ring : m->d_slots);
-        kn_attention_args a = {
-            .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
-            .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
-            .pos = m->d_pos, .seq = m->d_seq, .block_tables = L->in_ring ? m->d_bt_ring : m->d_bt,
-            .max_blocks = m->max_blocks,
-            .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
-            .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
-        };
-        op->attention(be, &a);
+        kn_dec_attention(m, b, l, in);
         project_residual(m, m->attn, n, &L->o, L->o_bias, L->post_attn_norm);
         /* feed-forward */
         in = m->x;
@@ -622,6 +657,7 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
         }
         if (L->layer_scalar != 1.0f) op->scale(be, m->x, (int64_t)n * H, L->layer_scalar);
     }
+logits:
     /* logits for the requested rows, a few rows at a time */
     for (int r0 = 0; r0 < b->n_logits; r0 += m->logits_rows) {
         int nr = b->n_logits - r0 < m->logits_rows ? b->n_logits - r0 : m->logits_rows;
@@ -675,6 +711,11 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
         kn_be_upload(be, m->d_slots_ring, ring_slots, (size_t)n * 4);
     }
     kn_be_upload(be, m->d_tokens, b->tokens, (size_t)n * 4);
+    if (m->d_ple_tokens) { /* gemma3n: ids past the per-layer table use its row 0 (as Gemma3nModel does) */
+        int32_t ple_ids[MAX_CHUNK];
+        for (int t = 0; t < n; t++) ple_ids[t] = b->tokens[t] < c->ple_vocab ? b->tokens[t] : 0;
+        kn_be_upload(be, m->d_ple_tokens, ple_ids, (size_t)n * 4);
+    }
     kn_be_upload(be, m->d_pos, b->pos, (size_t)n * 4);
     kn_be_upload(be, m->d_seq, b->seq, (size_t)n * 4);
     kn_be_upload(be, m->d_slots, slots, (size_t)n * 4);

@@ -38,6 +38,13 @@ typedef struct {
     float *ple_norm;                           /* [H] post_per_layer_input_norm */
     float *router_norm_w, *expert_scale;       /* [H] router.scale / sqrt(H), [E] per_expert_scale */
     float *moe_pre_norm, *moe_post_norm1, *moe_post_norm2; /* [H] */
+    /* gemma3n (gemma3n.c): AltUp router [K, H], prediction [K*K, K] and
+     * correction [K, K] coefficients, router norm and corrected-output scale
+     * [H]; Laurel left [R, H], right [H, R], norm [H]; activation sparsity */
+    kn_weight alt_router, alt_pred, alt_corr, laurel_l, laurel_r;
+    float *alt_router_norm, *alt_out_scale, *laurel_norm;
+    int sparse;         /* gaussian top-k on the MLP gate */
+    float sparse_mult;  /* its standard-normal quantile */
 } kn_layer;
 
 /* One forward call: n_tokens tokens; token t belongs to sequence seq[t] (an
@@ -66,6 +73,12 @@ struct kn_model {
     float *ple_proj_norm;
     float *ple, *ple_tmp, *ple_g; /* scratch [T, L*P], [T, L*P], [T, P] */
     float *ones;                  /* [max head_dim] weight of the scale-free value norm */
+    int32_t *d_ple_tokens;        /* gemma3n: token ids for the per-layer table (ids past its vocab -> 0); NULL = d_tokens */
+    /* gemma3n AltUp: stream projections [K-1] of [H, H]; scratch: streams and
+     * predictions [K, max_chunk, H], coefficients [T, K*K], router [T, K],
+     * Laurel [T, R] and [T, H] */
+    kn_weight *alt_proj, *alt_unembed;
+    float *alt_s, *alt_p, *alt_w, *alt_mod, *laurel_t, *laurel_o;
     kn_kv_layer *kvl;             /* [n_layers] per-layer views of the KV pool with the layer's shape */
     kn_layer *layers;
     kn_rope_table rope, rope_local; /* rope_local: sliding layers of gemma3 (else unused) */
@@ -118,6 +131,14 @@ void kn_model_free_internal(kn_model *m);
  * or when b->argmax asks for greedy ids instead.
  * The caller must have reserved KV blocks for every (seq, pos) in the batch. */
 kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err);
+
+/* Pieces of the shared decoder (llama.c) that family-specific forwards
+ * (gemma3n.c) reuse; batch index arrays already uploaded. */
+void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in); /* -> m->attn */
+int kn_dec_mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *out, int may_fuse);
+void kn_dec_norm_rows(kn_model *m, const float *x, float *out, int n, const float *w, const float *b);
+void kn_dec_residual_add(kn_model *m, float *y, const float *post_norm, int n);
+void kn_dec_ple_inputs(kn_model *m, const float *x, int n); /* per-layer inputs of rows x into m->ple_tmp */
 
 /* Total bytes of weights read by one decode step. */
 int64_t kn_model_weight_bytes(const kn_model *m);

@@ -176,6 +176,7 @@ static int parse_rope_obj(cfg_ctx *c, json_t *root, json_t *rs, double theta_def
         return -1;
     }
     if (get_num(c, rs, "factor", 1.0, &r->factor)) return -1;
+    r->has_factor = json_object_get(rs, "factor") && !json_is_null(json_object_get(rs, "factor"));
     if (get_num(c, rs, "low_freq_factor", 1.0, &r->low_freq_factor)) return -1;
     if (get_num(c, rs, "high_freq_factor", 4.0, &r->high_freq_factor)) return -1;
     if (get_int(c, rs, "original_max_position_embeddings", 0, &r->original_max_position_embeddings)) return -1;
@@ -189,6 +190,10 @@ static int parse_rope_obj(cfg_ctx *c, json_t *root, json_t *rs, double theta_def
     if (get_num(c, rs, "attention_factor", 1.0, &r->attention_factor)) return -1;
     if (parse_factor_list(c, rs, "long_factor", r->long_factor, &r->n_long_factor)) return -1;
     if (parse_factor_list(c, rs, "short_factor", r->short_factor, &r->n_short_factor)) return -1;
+    if (r->type == KN_ROPE_LONGROPE && json_is_integer(json_object_get(root, "original_max_position_embeddings"))) {
+        /* transformers gives phi3's top-level original_max_position_embeddings priority */
+        if (get_int(c, root, "original_max_position_embeddings", 0, &r->original_max_position_embeddings)) return -1;
+    }
     if (r->original_max_position_embeddings == 0) {
         int top;
         if (get_int(c, root, "original_max_position_embeddings", 0, &top)) return -1;

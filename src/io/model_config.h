@@ -53,6 +53,7 @@ typedef struct {
     kn_rope_type type;
     double theta;
     double factor;
+    int has_factor; /* "factor" given (longrope otherwise uses max_position_embeddings / original) */
     double partial_rotary_factor;
     /* llama3 */
     double low_freq_factor, high_freq_factor;

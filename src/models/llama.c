@@ -225,6 +225,8 @@ static void free_model_memory(kn_model *m) {
                       m->d_rows,   m->route_idx, m->d_argmax, m->d_bt_ring, m->d_slots_ring};
     for (size_t i = 0; i < sizeof idx / sizeof *idx; i++) kn_be_free(be, idx[i]);
     free(m->h_bt), free(m->h_bt_ring);
+    kn_be_free(be, m->rope_runs);
+    free(m->h_rope_runs), free(m->run_t0), free(m->run_n), free(m->run_scale);
     kn_kv_pool_destroy(m->kv);
 }
 
@@ -245,7 +247,7 @@ static kn_code build_rope(kn_model *m, const kn_rope_config *r, int head_dim, kn
     /* proportional RoPE spans the whole head (its tail frequencies are 0) */
     int rot = r->type == KN_ROPE_PROPORTIONAL ? head_dim : (int)(head_dim * r->partial_rotary_factor);
     float inv_freq[512];
-    kn_code rc = kn_rope_frequencies(&tmp, rot, inv_freq, &out->attn_scale, err);
+    kn_code rc = kn_rope_frequencies(&tmp, rot, 0, inv_freq, &out->attn_scale, err);
     if (rc) return rc;
     float *d = kn_be_alloc(m->be, (size_t)(rot / 2) * sizeof(float));
     if (!d) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
@@ -369,6 +371,22 @@ kn_code kn_model_build(const kn_model_config *cfg, const kn_tensor_source *src, 
         int hd_global = c->head_dim, hd_local = c->head_dim; /* head dims of global / sliding layers */
         for (int l = 0; l < c->n_layers; l++) *(c->layer_sliding[l] ? &hd_local : &hd_global) = c->layer_head_dim[l];
         if ((rc = build_rope(m, &c->rope, hd_global, &m->rope, err))) goto fail;
+        if (kn_rope_length_dependent(&c->rope)) { /* per-call tables: one per run of a sequence's tokens */
+            if (c->has_local_rope) {
+                rc = kn_fail(err, KN_ERR_UNSUPPORTED, "length-dependent RoPE (dynamic / longrope) with per-layer-type "
+                             "RoPE is not supported");
+                goto fail;
+            }
+            const size_t half = (size_t)m->rope.rot_dim / 2;
+            m->rope_runs = kn_be_alloc(be, (size_t)MAX_CHUNK * half * sizeof(float));
+            m->h_rope_runs = malloc((size_t)MAX_CHUNK * half * sizeof(float));
+            m->run_t0 = malloc(MAX_CHUNK * sizeof(int)), m->run_n = malloc(MAX_CHUNK * sizeof(int));
+            m->run_scale = malloc(MAX_CHUNK * sizeof(float));
+            if (!m->rope_runs || !m->h_rope_runs || !m->run_t0 || !m->run_n || !m->run_scale) {
+                rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+        }
         if (c->has_local_rope && (rc = build_rope(m, &c->rope_local, hd_local, &m->rope_local, err))) goto fail;
     }
 
@@ -585,7 +603,15 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
         op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
     }
     if (c->v_norm && !shared) op->rms_norm(be, v, qs, v, qs, n, L->n_kv_heads, hd, m->ones, eps);
-    if (c->layer_rope[l]) {
+    if (c->layer_rope[l] && m->rope_runs) { /* length-dependent RoPE: each run of tokens with its sequence's table */
+        const int half = m->rope.rot_dim / 2;
+        for (int r = 0; r < m->n_runs; r++) {
+            const kn_rope_table rt = {m->rope.rot_dim, m->run_scale[r], m->rope_runs + (size_t)r * half};
+            const int t0 = m->run_t0[r];
+            op->rope(be, q + (int64_t)t0 * qs, qs, m->run_n[r], c->n_heads, hd, m->d_pos + t0, &rt);
+            if (!shared) op->rope(be, k + (int64_t)t0 * qs, qs, m->run_n[r], L->n_kv_heads, hd, m->d_pos + t0, &rt);
+        }
+    } else if (c->layer_rope[l]) {
         const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
         if (!shared && L->q_dim == c->n_heads * hd) /* k's heads follow q's: one pass rotates both */
             op->rope(be, q, qs, n, c->n_heads + L->n_kv_heads, hd, m->d_pos, rt);
@@ -698,6 +724,25 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
             ring_slots[t] = kn_kv_seq_ring_slot(m->kv, s, b->pos[t]);
         }
     }
+    if (m->rope_runs) { /* RoPE frequencies of each sequence for this call's length (its largest position + 1) */
+        const int half = m->rope.rot_dim / 2;
+        m->n_runs = 0;
+        for (int t = 0; t < n; t++) {
+            if (t > 0 && b->seq[t] == b->seq[t - 1]) {
+                m->run_n[m->n_runs - 1]++;
+                continue;
+            }
+            const int r = m->n_runs++;
+            m->run_t0[r] = t, m->run_n[r] = 1;
+            int len = b->rope_len ? b->rope_len[b->seq[t]] : 0; /* else its largest position in this call + 1 */
+            for (int u = 0; u < n; u++)
+                if (b->seq[u] == b->seq[t] && b->pos[u] + 1 > len) len = b->pos[u] + 1;
+            kn_code rc = kn_rope_frequencies(c, m->rope.rot_dim, len, m->h_rope_runs + (size_t)r * half,
+                                             &m->run_scale[r], err);
+            if (rc) return rc;
+        }
+        kn_be_upload(be, m->rope_runs, m->h_rope_runs, (size_t)m->n_runs * half * sizeof(float));
+    }
     /* block tables, one row per sequence */
     int32_t *bt_host = m->h_bt;
     memset(bt_host, 0, (size_t)b->n_seqs * (size_t)m->max_blocks * sizeof(int32_t));
@@ -727,7 +772,7 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
      * backend supports it. */
     const kn_backend_vtbl *op = be->vt;
     uint64_t key = 0;
-    if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows) {
+    if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows && (!m->rope_runs || m->n_runs == n)) {
         int max_pos = 0;
         for (int t = 0; t < n; t++) max_pos = b->pos[t] > max_pos ? b->pos[t] : max_pos;
         key = ((uint64_t)kn_ctx_bucket(max_pos) << 42) | ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) |

@@ -60,6 +60,11 @@ typedef struct {
     /* optional: greedy ids of the logit rows, computed on the backend (only
      * n_logits int32 cross to the host; the logits argument may be NULL) */
     int32_t *argmax;
+    /* optional [n_seqs]: the sequence length that length-dependent RoPE
+     * (dynamic, longrope) scales for, e.g. the whole prompt's while it is
+     * prefilled in chunks (transformers runs it as one forward); NULL or 0 =
+     * the sequence's largest position in this batch + 1 */
+    const int32_t *rope_len;
 } kn_batch;
 
 struct kn_model {
@@ -82,6 +87,11 @@ struct kn_model {
     kn_kv_layer *kvl;             /* [n_layers] per-layer views of the KV pool with the layer's shape */
     kn_layer *layers;
     kn_rope_table rope, rope_local; /* rope_local: sliding layers of gemma3 (else unused) */
+    /* length-dependent RoPE (dynamic, longrope): per forward call, one table
+     * per run of consecutive tokens of one sequence, for that sequence's
+     * length in the call (NULL otherwise) */
+    float *rope_runs, *h_rope_runs, *run_scale; /* [max_chunk, rot/2] backend + host staging; [max_chunk] */
+    int *run_t0, *run_n, n_runs;
     int q_dim, kv_dim, qkv_dim; /* widest of any layer (scratch sizing) */
     int max_head_dim;
     int max_context, max_chunk, max_seqs;

@@ -429,6 +429,7 @@ static kn_finish sample_and_post(kn_engine *e, kn_request *r, float *row, double
 static void engine_step(kn_engine *e) {
     kn_model *m = e->m;
     int n = 0, n_seqs = 0, n_rows = 0;
+    int32_t rope_len[KN_ENGINE_MAX_BATCH]; /* length-dependent RoPE: a chunked prompt scales for its whole length */
     /* decode tokens first: one per decoding sequence */
     for (int i = 0; i < e->n_running; i++) {
         kn_request *r = e->running[i];
@@ -436,6 +437,7 @@ static void engine_step(kn_engine *e) {
         if (r->state != ST_DECODE) continue;
         e->tokens[n] = r->last_token, e->pos[n] = r->n_past, e->seq[n] = n_seqs;
         e->rows[n_rows] = n, e->row_req[n_rows++] = r;
+        rope_len[n_seqs] = 0;
         e->seqs[n_seqs++] = &r->kv;
         r->chunk = 1;
         n++;
@@ -452,13 +454,14 @@ static void engine_step(kn_engine *e) {
             e->seq[n + k] = n_seqs;
         }
         if (r->n_prefilled + c == r->n_prompt) e->rows[n_rows] = n + c - 1, e->row_req[n_rows++] = r;
+        rope_len[n_seqs] = r->n_prompt;
         e->seqs[n_seqs++] = &r->kv;
         r->chunk = c;
         n += c;
     }
     if (n == 0) return;
     kn_batch b = {.n_tokens = n, .tokens = e->tokens, .pos = e->pos, .seq = e->seq, .n_seqs = n_seqs,
-                  .seqs = e->seqs, .n_logits = n_rows, .logit_rows = e->rows};
+                  .seqs = e->seqs, .n_logits = n_rows, .logit_rows = e->rows, .rope_len = rope_len};
     kn_error err = {0};
     kn_code rc = kn_model_forward(m, &b, e->logits, &err);
     if (rc) { /* fail every sequence of this batch; the server keeps serving */

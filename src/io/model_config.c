@@ -505,7 +505,9 @@ static int parse_gemma3n(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
         get_bool(c, root, "altup_correct_scale", 1, &cfg->altup_correct_scale) ||
         get_int(c, root, "laurel_rank", 64, &cfg->laurel_rank))
         return -1;
-    if (cfg->final_softcap < 0 || cfg->n_kv_shared_layers < 0 || cfg->n_kv_shared_layers >= cfg->n_layers ||
+    /* transformers shares from layer n_layers - num_kv_shared_layers only when that index is > 0 */
+    if (cfg->n_kv_shared_layers >= cfg->n_layers) cfg->n_kv_shared_layers = 0;
+    if (cfg->final_softcap < 0 || cfg->n_kv_shared_layers < 0 ||
         cfg->ple_dim <= 0 || cfg->ple_dim > 4096 || cfg->ple_vocab <= 0 || cfg->altup_inputs < 2 ||
         cfg->altup_inputs > 8 || cfg->laurel_rank <= 0 || cfg->laurel_rank > 65536) {
         c->code = kn_fail(c->err, KN_ERR_FORMAT,

@@ -193,6 +193,7 @@ static kn_code plan_layers(kn_model *m, kn_error *err) {
 
 static void free_model_memory(kn_model *m) {
     kn_backend *be = m->be;
+    kn_gemma3n_free(m); /* before the layers go */
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             kn_layer *L = &m->layers[l];
@@ -212,7 +213,6 @@ static void free_model_memory(kn_model *m) {
     kn_be_free(be, m->final_norm);
     kn_be_free(be, m->final_norm_b);
     kn_be_weight_free(be, &m->ple_embed), kn_be_weight_free(be, &m->ple_model_proj);
-    kn_gemma3n_free(m);
     float *g4[] = {m->ple_proj_norm, m->ple, m->ple_tmp, m->ple_g, m->ones};
     for (size_t i = 0; i < sizeof g4 / sizeof *g4; i++) kn_be_free(be, g4[i]);
     free(m->kvl);

@@ -349,7 +349,7 @@ static void check_sliding_ring_one(const char *name, const char *cfg_json) {
         return;
     }
     kn_tensor_source src = kn_synthetic_source(syn);
-    const int ctx = 1600, n[2] = {1500, 1100}, V = cfg.vocab_size;
+    const int ctx = 1600, n[2] = {1200, 1050}, V = cfg.vocab_size;
     for (int full = 0; full < 2; full++) {
         kn_backend *be;
         kn_model_config c = cfg;
@@ -421,6 +421,15 @@ static void check_sliding_ring(void) {
                                      "\"final_logit_softcapping\": 30.0, \"hidden_activation\": \"gelu_pytorch_tanh\", "
                                      "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\"], "
                                      "\"max_position_embeddings\": 4096}");
+    /* KV-shared layers (3, 4) read layers 1 / 2's caches: a ring for the sliding ones */
+    check_sliding_ring_one("gemma3n", "{\"model_type\": \"gemma3n_text\", \"vocab_size\": 300, \"hidden_size\": 64, "
+                                      "\"intermediate_size\": 64, \"num_hidden_layers\": 5, \"num_attention_heads\": 4, "
+                                      "\"num_key_value_heads\": 1, \"head_dim\": 16, \"sliding_window\": 30, "
+                                      "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+                                      "\"full_attention\", \"sliding_attention\"], \"num_kv_shared_layers\": 2, "
+                                      "\"vocab_size_per_layer_input\": 300, \"hidden_size_per_layer_input\": 8, "
+                                      "\"laurel_rank\": 8, \"activation_sparsity_pattern\": [0.9, 0, 0, 0, 0], "
+                                      "\"max_position_embeddings\": 4096}");
 }
 
 /* A multimodal checkpoint runs its language model and says what it ignored. */

@@ -167,8 +167,7 @@ void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
 
 void kn_cpu_stream_mix(kn_backend *be, const float *src, int n_src, const float *base, float *out, int n_out,
                        int64_t stream_stride, const float *w, float w_add, int rows, int dim) {
-    (void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if ((int64_t)rows * dim * n_out * n_src >= 65536)
     for (int t = 0; t < rows; t++)
         for (int c = 0; c < n_out; c++) {
             float coef[16];
@@ -185,8 +184,7 @@ void kn_cpu_stream_mix(kn_backend *be, const float *src, int n_src, const float 
 }
 
 void kn_cpu_rms_match(kn_backend *be, float *x, const float *ref, int rows, int dim, float floor) {
-    (void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if ((int64_t)rows * dim >= 65536)
     for (int r = 0; r < rows; r++) {
         float *xr = x + (int64_t)r * dim;
         const float *rr = ref + (int64_t)r * dim;
@@ -199,8 +197,7 @@ void kn_cpu_rms_match(kn_backend *be, float *x, const float *ref, int rows, int 
 }
 
 void kn_cpu_gaussian_topk(kn_backend *be, float *x, int64_t x_stride, int rows, int dim, float mult) {
-    (void)be;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if ((int64_t)rows * dim >= 65536)
     for (int r = 0; r < rows; r++) {
         float *xr = x + r * x_stride;
         double s = 0, ss = 0;

@@ -65,8 +65,13 @@ void kn_kv_seq_ring_table(const kn_kv_pool *p, const kn_kv_seq *s, int32_t *row)
     for (int i = 0; i < s->n_blocks; i++) row[i] = s->ring[i % p->ring_blocks];
 }
 
+/* K+V bytes of one position in this pool's own layers (its ring excluded) */
+static int64_t own_bytes_per_token(const kn_kv_pool *p) {
+    return (int64_t)p->n_layers * 2 * p->n_kv_heads * p->head_dim * (int64_t)sizeof(float);
+}
+
 int64_t kn_kv_seq_bytes(const kn_kv_pool *p, int64_t n_tokens) {
-    int64_t b = (int64_t)p->n_layers * 2 * p->n_kv_heads * p->head_dim * (int64_t)sizeof(float) * n_tokens;
+    int64_t b = own_bytes_per_token(p) * n_tokens;
     if (p->ring) {
         int64_t cap = (int64_t)p->ring_blocks * p->block_size;
         b += kn_kv_bytes_per_token(p->ring) * (n_tokens < cap ? n_tokens : cap);
@@ -124,6 +129,5 @@ void kn_kv_seq_release(kn_kv_pool *p, kn_kv_seq *s) {
 }
 
 int64_t kn_kv_bytes_per_token(const kn_kv_pool *p) {
-    return (int64_t)p->n_layers * 2 * p->n_kv_heads * p->head_dim * (int64_t)sizeof(float) +
-           (p->ring ? kn_kv_bytes_per_token(p->ring) : 0);
+    return own_bytes_per_token(p) + (p->ring ? own_bytes_per_token(p->ring) : 0);
 }

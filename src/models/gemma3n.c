@@ -16,9 +16,9 @@
  *   out = mean(s0, match(s_i U_i^T, s0) for i = 1..K-1)
  *
  * match(v, ref) rescales each row of v to ref's root-mean-square (with
- * mean(v^2) floored at 1e-5); KV-shared layers, the (1 + 0) RMSNorms with
- * plain weights, value norm and attention scale 1 are the shared decoder's
- * gemma4 features. */
+ * mean(v^2) floored at 1e-5). KV-shared layers, RMSNorms with plain
+ * weights (no 1 + w), the scale-free value norm and attention scale 1 are the
+ * shared decoder's gemma4 features. */
 #include "models/gemma3n.h"
 
 #include <math.h>

@@ -18,7 +18,11 @@
  * decide). gemma4 adds per-layer attention shapes (KV pool viewed per layer),
  * keys-as-values and value norms, KV-shared layers (attend to an earlier
  * layer's cache, write none), per-layer input embeddings and layer scalars.
- * Expert layers live in moe.c. */
+ * Expert layers live in moe.c; gemma3n's AltUp residual streams in gemma3n.c
+ * (reusing this file's attention and MLP). Sliding-window layers keep their
+ * K/V in a ring (kv_paged.h) where that is smaller than the context;
+ * length-dependent RoPE (dynamic, longrope) gets one frequency table per run
+ * of a sequence's tokens in each forward. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -151,6 +151,45 @@ int main(void) {
     expect_error("{\"model_type\": \"gemma4_text\", " BASE ", \"head_dim\": 16, \"global_head_dim\": 7}", KN_ERR_FORMAT,
                  "head_dim 7");
 
+    /* gemma3n: transformers' defaults (12 layers, 4 KV-shared: 0.95 sparsity on the first 10, every 5th layer global) */
+    CHECK(parse("{\"model_type\": \"gemma3n_text\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 12, "
+                "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": "
+                "[32, 32, 32, 32, 32, 32, 32, 32, 32, 32, 48, 48], \"vocab_size_per_layer_input\": 90, "
+                "\"num_kv_shared_layers\": 4}", NULL, &c,
+                &err) == KN_OK &&
+              c.arch == KN_ARCH_GEMMA3N && c.altup_inputs == 4 && c.altup_correct_scale && c.laurel_rank == 64 &&
+              c.ple_dim == 256 && c.ple_vocab == 90 && c.n_kv_shared_layers == 4 && c.final_softcap == 30.0 &&
+              c.sliding_window == 512 && c.layer_sliding[0] && !c.layer_sliding[4] && c.layer_sparse[9] &&
+              !c.layer_sparse[10] && fabsf(c.layer_sparsity_mult[0] - 1.6448536f) < 1e-6f && c.layer_inter[10] == 48 &&
+              c.intermediate_size == 48 && c.v_norm && c.attn_scale == 1.0 && c.norm_weight_offset == 0.0 &&
+              c.has_local_rope && c.rope.theta == 1e6 && c.rope_local.theta == 1e4,
+          "gemma3n_text defaults: %s", err.msg);
+    CHECK(parse("{\"model_type\": \"gemma3n\", \"text_config\": {\"model_type\": \"gemma3n_text\", " BASE ", "
+                "\"num_kv_shared_layers\": 0, \"activation_sparsity_pattern\": [0.5, 0.0]}, \"audio_config\": {}, "
+                "\"vision_config\": {}}", NULL, &c, &err) == KN_OK && c.arch == KN_ARCH_GEMMA3N &&
+              !strcmp(c.wrapper_type, "gemma3n") && strstr(c.ignored_configs, "audio_config") && c.layer_sparse[0] &&
+              fabsf(c.layer_sparsity_mult[0]) < 1e-6f,
+          "gemma3n wrapper: %s", err.msg);
+    CHECK(parse("{\"model_type\": \"gemma3n_text\", " BASE "}", NULL, &c, &err) == KN_OK && c.n_kv_shared_layers == 0,
+          "gemma3n: the default 15 shared layers of a 2-layer model share nothing (as transformers): %s", err.msg);
+    expect_error("{\"model_type\": \"gemma3n_text\", " BASE ", \"num_kv_shared_layers\": 0, \"altup_active_idx\": 1}",
+                 KN_ERR_UNSUPPORTED, "altup_active_idx");
+    expect_error("{\"model_type\": \"gemma3n_text\", " BASE ", \"num_kv_shared_layers\": 0, "
+                 "\"activation_sparsity_pattern\": [1.0, 0.0]}", KN_ERR_FORMAT, "activation_sparsity_pattern[0]");
+    expect_error("{\"model_type\": \"gemma3n_text\", " BASE ", \"num_kv_shared_layers\": 0, "
+                 "\"activation_sparsity_pattern\": [0.5]}", KN_ERR_FORMAT, "one value per layer");
+    expect_error("{\"model_type\": \"gemma3n_text\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": [32]}", KN_ERR_FORMAT, "one per layer");
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                 "\"num_attention_heads\": 4, \"intermediate_size\": [32, 32]}", KN_ERR_FORMAT, "must be a number");
+    /* longrope: phi3's top-level original_max_position_embeddings wins; factor presence recorded */
+    CHECK(parse("{\"model_type\": \"phi3\", " BASE ", \"original_max_position_embeddings\": 24, \"rope_parameters\": "
+                "{\"rope_type\": \"longrope\", \"original_max_position_embeddings\": 99, \"short_factor\": [1, 1], "
+                "\"long_factor\": [2, 2]}}", NULL, &c, &err) == KN_OK &&
+              c.rope.type == KN_ROPE_LONGROPE && c.rope.original_max_position_embeddings == 24 && !c.rope.has_factor &&
+              c.rope.n_long_factor == 2,
+          "phi3 longrope: %s", err.msg);
+
     expect_error("{\"model_type\": \"bert\", " BASE "}", KN_ERR_UNSUPPORTED, "llama, mistral, qwen2, qwen3, phi3");
     expect_error("{" BASE "}", KN_ERR_FORMAT, "model_type");
     expect_error("{\"model_type\": \"llama\", \"hidden_size\": 64}", KN_ERR_FORMAT, "vocab_size");

@@ -4,7 +4,8 @@
  * dtype. Outputs are poisoned with NaN before each run; a NaN never passes.
  * KILN_TEST_BACKEND=cuda runs the same checks on the GPU (inputs uploaded,
  * results downloaded). The model-family ops (soft-capping, scale, sigmoid
- * gate, MoE routing and experts) are checked the same way at the end, and
+ * gate, MoE routing and experts, gemma3n's stream mixing / magnitude
+ * matching / gaussian top-k) are checked the same way at the end, and
  * MLX-quantized weights (bits 2/4/8, groups 32/64/128) after the matmuls. */
 #include <string.h>
 
@@ -719,6 +720,88 @@ static void test_mul_rows(void) {
     free(y), free(x), free(out);
 }
 
+/* gemma3n ops: AltUp stream mixing (every combination of weights / base /
+ * w_add the model uses), magnitude matching, gaussian top-k */
+static void test_gemma3n_ops(int rows, int dim) {
+    const int K = 4;
+    const int64_t ss = (int64_t)rows * dim + 5, tot = K * ss; /* streams padded apart */
+    float *src = malloc(tot * 4), *base = malloc(tot * 4), *w = malloc((size_t)rows * K * K * 4), *out = malloc(tot * 4);
+    fill(src, tot, 2.0f), fill(base, tot, 2.0f), fill(w, rows * K * K, 1.0f);
+    static const struct { int n_src, n_out, has_w, has_base; float w_add; } cases[] = {
+        {4, 4, 1, 1, 0.0f}, {1, 4, 1, 1, 1.0f}, {1, 1, 0, 1, -1.0f}, {1, 1, 0, 0, 1.0f}};
+    for (int ci = 0; ci < 4; ci++) {
+        const int ns = cases[ci].n_src, no = cases[ci].n_out;
+        float *ds = dev(src, tot * 4), *db = dev(base, tot * 4), *dw = dev(w, (size_t)rows * K * K * 4);
+        float *dout = dev(NULL, tot * 4);
+        poison(out, tot);
+        kn_be_upload(be, dout, out, tot * 4);
+        be->vt->stream_mix(be, ds, ns, cases[ci].has_base ? db : NULL, dout, no, ss, cases[ci].has_w ? dw : NULL,
+                           cases[ci].w_add, rows, dim);
+        back(out, dout, tot * 4);
+        kn_be_free(be, ds), kn_be_free(be, db), kn_be_free(be, dw);
+        int bad = 0;
+        for (int c = 0; c < no && !bad; c++)
+            for (int t = 0; t < rows && !bad; t++)
+                for (int j = 0; j < dim && !bad; j++) {
+                    double ref = cases[ci].has_base ? base[c * ss + (int64_t)t * dim + j] : 0.0;
+                    for (int a = 0; a < ns; a++)
+                        ref += ((cases[ci].has_w ? (double)w[((int64_t)t * no + c) * ns + a] : 0.0) + cases[ci].w_add) *
+                               src[a * ss + (int64_t)t * dim + j];
+                    if (!close_to(out[c * ss + (int64_t)t * dim + j], ref, 16.0, 1e-6)) {
+                        CHECK(0, "stream_mix case %d [%d,%d,%d]: got %g want %g", ci, c, t, j,
+                              out[c * ss + (int64_t)t * dim + j], ref);
+                        bad = 1;
+                    }
+                }
+    }
+    /* rms_match: rows of x rescaled to ref's rms; one row of tiny values hits the floor */
+    float *x = malloc((size_t)rows * dim * 4), *ref = malloc((size_t)rows * dim * 4), *xo = malloc((size_t)rows * dim * 4);
+    fill(x, rows * dim, 3.0f), fill(ref, rows * dim, 0.5f);
+    for (int j = 0; j < dim; j++) x[j] *= 1e-4f;
+    float *dx = dev(x, (size_t)rows * dim * 4), *dr = dev(ref, (size_t)rows * dim * 4);
+    be->vt->rms_match(be, dx, dr, rows, dim, 1e-5f);
+    back(xo, dx, (size_t)rows * dim * 4);
+    kn_be_free(be, dr);
+    for (int r = 0; r < rows; r++) {
+        double sx = 0, sr = 0;
+        for (int j = 0; j < dim; j++) sx += (double)x[r * dim + j] * x[r * dim + j], sr += (double)ref[r * dim + j] * ref[r * dim + j];
+        double mag = sqrt(sx / dim > 1e-5 ? sx / dim : 1e-5), k = sqrt(sr / dim) / mag;
+        for (int j = 0; j < dim; j++)
+            if (!close_to(xo[r * dim + j], x[r * dim + j] * k, fabs(x[r * dim + j] * k) + 1e-3, 1e-5)) {
+                CHECK(0, "rms_match [%d,%d]: got %g want %g", r, j, xo[r * dim + j], x[r * dim + j] * k);
+                r = rows;
+                break;
+            }
+    }
+    /* gaussian_topk on the gate half of [rows, 2*dim] rows */
+    float *g = malloc((size_t)rows * 2 * dim * 4), *go = malloc((size_t)rows * 2 * dim * 4);
+    fill(g, (int64_t)rows * 2 * dim, 2.0f);
+    const float mult = 1.6448536f; /* 0.95 quantile */
+    float *dg = dev(g, (size_t)rows * 2 * dim * 4);
+    be->vt->gaussian_topk(be, dg, 2 * (int64_t)dim, rows, dim, mult);
+    back(go, dg, (size_t)rows * 2 * dim * 4);
+    int kept = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *gr = g + (int64_t)r * 2 * dim;
+        double mean = 0, var = 0;
+        for (int j = 0; j < dim; j++) mean += gr[j];
+        mean /= dim;
+        for (int j = 0; j < dim; j++) var += (gr[j] - mean) * (gr[j] - mean);
+        double cut = mean + sqrt(var / dim) * mult;
+        for (int j = 0; j < 2 * dim; j++) {
+            double want = j < dim ? (gr[j] - cut > 0 ? gr[j] - cut : 0.0) : gr[j];
+            kept += j < dim && want > 0;
+            if (!close_to(go[(int64_t)r * 2 * dim + j], want, 4.0, 1e-6)) {
+                CHECK(0, "gaussian_topk [%d,%d]: got %g want %g", r, j, go[(int64_t)r * 2 * dim + j], want);
+                r = rows;
+                break;
+            }
+        }
+    }
+    CHECK(kept > 0 && kept < rows * dim / 4, "gaussian_topk kept %d of %d gate values", kept, rows * dim);
+    free(src), free(base), free(w), free(out), free(x), free(ref), free(xo), free(g), free(go);
+}
+
 static double act_ref(double g, int act) {
     if (act == KN_ACT_SILU) return g / (1.0 + exp(-g));
     return gelu_ref(g, act == KN_ACT_GELU_TANH ? KN_GELU_TANH : KN_GELU_ERF);
@@ -933,6 +1016,8 @@ int main(void) {
     test_moe_route(5, 128, 8, 1, 0);
     test_moe_route(9, 4, 2, 1, 1); /* gemma4 per-expert scale */
     test_mul_rows();
+    test_gemma3n_ops(7, 64);
+    test_gemma3n_ops(3, 2048);
     for (int d = 0; d < 3; d++) {
         test_moe_ffn(dts[d], 1, 8, 2, 64, 48, KN_ACT_SILU);  /* decode */
         test_moe_ffn(dts[d], 13, 6, 3, 40, 24, KN_ACT_SILU); /* several tokens per expert */

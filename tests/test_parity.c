@@ -23,9 +23,11 @@
 #include "test_util.h"
 
 typedef struct {
-    int32_t ids[256], prompt[256], greedy[256];
-    int n_ids, n_prompt, n_greedy;
+    int32_t ids[256], prompt[256], greedy[256], greedy_nc[256];
+    int n_ids, n_prompt, n_greedy, n_greedy_nc; /* greedy_nc: transformers' generate without a KV cache (-1 = absent) */
     char logits_file[256], logits_bf16_file[256];
+    char prefix_file[256]; /* length-dependent RoPE: a forward of the first prefix_len ids ("" = none) */
+    int prefix_len;
 } reference;
 
 static int read_ints(json_t *arr, int32_t *out, int max) {
@@ -49,10 +51,15 @@ static int load_reference(const char *dir, reference *r) {
     r->n_ids = read_ints(json_object_get(j, "ids"), r->ids, 256);
     r->n_prompt = read_ints(json_object_get(j, "prompt"), r->prompt, 256);
     r->n_greedy = read_ints(json_object_get(j, "greedy"), r->greedy, 256);
+    r->n_greedy_nc = read_ints(json_object_get(j, "greedy_nocache"), r->greedy_nc, 256);
     const char *lf = json_string_value(json_object_get(j, "logits_file"));
     const char *bf = json_string_value(json_object_get(j, "logits_bf16_file"));
     snprintf(r->logits_file, sizeof r->logits_file, "%s", lf ? lf : "");
     snprintf(r->logits_bf16_file, sizeof r->logits_bf16_file, "%s", bf ? bf : "");
+    json_t *pl = json_object_get(j, "prefix_logits");
+    const char *pf = json_string_value(json_object_get(pl, "file"));
+    snprintf(r->prefix_file, sizeof r->prefix_file, "%s", pf ? pf : "");
+    r->prefix_len = (int)json_integer_value(json_object_get(pl, "length"));
     json_decref(j);
     if (r->n_ids <= 0 || r->n_prompt <= 0 || r->n_greedy < 0 || !lf) {
         CHECK(0, "%s: malformed reference", path);
@@ -164,6 +171,27 @@ static void check_fixture(const char *name) {
         printf("%-14s bf16 mean KL vs fp32 %.2e (transformers bf16: %.2e)", name, kl, kl_hf);
         free(hf_bf16);
     }
+    if (ref.prefix_file[0]) {
+        /* RoPE frequencies depend on the forward's length (dynamic / longrope): a shorter forward has its own
+         * reference, and decode token by token legitimately differs from one long prefill (as in transformers) */
+        const int np = ref.prefix_len;
+        float *pw = np > 0 && np <= n ? load_npy(dir, ref.prefix_file, np, V) : NULL;
+        CHECK(pw != NULL, "%s: prefix logits missing or malformed", name);
+        if (pw) {
+            CHECK(kn_model_logits(m, ref.ids, np, inc, &err) == KN_OK, "%s: prefix logits: %s", name, err.msg);
+            double pd = 0, ps = max_abs(pw, (size_t)np * V), rows_differ = 0;
+            for (size_t i = 0; i < (size_t)np * V; i++) {
+                double d = fabs((double)inc[i] - pw[i]);
+                if (!(d <= pd)) pd = isnan(d) ? INFINITY : d;
+                rows_differ = fmax(rows_differ, fabs((double)got[i] - inc[i]));
+            }
+            CHECK(pd <= 1e-4 * ps, "%s: %d-token forward max |dlogit| %.3g > 1e-4 x %.3g", name, np, pd, ps);
+            CHECK(rows_differ > 1e-4 * ps, "%s: the %d-token forward equals the %d-token one's first rows", name, np, n);
+            printf(", %d-token forward %.2e", np, pd / ps);
+        }
+        free(pw);
+        goto greedy;
+    }
     /* incremental decode == full prefill */
     CHECK(incremental_logits(m, ref.ids, n, inc, &err) == KN_OK, "%s: incremental: %s", name, err.msg);
     double maxi = 0, gscale = max_abs(got, (size_t)n * V);
@@ -181,15 +209,37 @@ static void check_fixture(const char *name) {
         CHECK(maxi <= 2e-5 * gscale, "%s: incremental vs prefill max |d| %.3g", name, maxi);
         printf(", incremental %.2e", maxi / gscale);
     }
+greedy:;
     /* greedy continuation */
     int32_t toks[256], *w = toks;
     kn_sampling s = {.temperature = 0, .top_p = 1, .max_new_tokens = 24};
     if (!is_bf16) {
         CHECK(kn_generate(m, ref.prompt, ref.n_prompt, &s, collect, &w, NULL, &err) == KN_OK, "%s: generate: %s", name, err.msg);
-        int ng = (int)(w - toks), same = ng == ref.n_greedy;
-        for (int i = 0; same && i < ng; i++) same = toks[i] == ref.greedy[i];
-        CHECK(same, "%s: greedy continuation differs from transformers (%d vs %d tokens)", name, ng, ref.n_greedy);
-        printf(", greedy %d/%d tokens identical\n", same ? ng : 0, ref.n_greedy);
+        const int32_t *want_g = ref.greedy;
+        int n_want = ref.n_greedy;
+        const char *which = "";
+        if (m->cfg.rope.type == KN_ROPE_LONGROPE) {
+            /* past original_max_position_embeddings every key uses the long factors (kn_generate recomputes
+             * the sequence at the switch): transformers' cache-free generate is the oracle; without it only
+             * the tokens before the switch are compared */
+            if (ref.n_greedy_nc >= 0) want_g = ref.greedy_nc, n_want = ref.n_greedy_nc, which = " (no-cache generate)";
+            else {
+                int before = m->cfg.rope.original_max_position_embeddings - ref.n_prompt + 1;
+                n_want = before < n_want ? (before > 0 ? before : 0) : n_want;
+                which = " (before the long-factor switch)";
+            }
+        }
+        if (m->cfg.rope.type == KN_ROPE_LONGROPE) { /* kn_generate (cache, recompute at the switch) = no-cache greedy */
+            int32_t nc[24];
+            double gaps[24];
+            int k = greedy_gaps(m, ref.prompt, ref.n_prompt, 24, nc, gaps), agree = (int)(w - toks) == k;
+            for (int i = 0; agree && i < k; i++) agree = nc[i] == toks[i];
+            CHECK(agree, "%s: generate with the cache differs from kiln's cache-free greedy", name);
+        }
+        int ng = (int)(w - toks), same = ng >= n_want && (n_want == ref.n_greedy ? ng == n_want : 1);
+        for (int i = 0; same && i < n_want; i++) same = toks[i] == want_g[i];
+        CHECK(same, "%s: greedy continuation differs from transformers%s (%d vs %d tokens)", name, which, ng, n_want);
+        printf(", greedy %d/%d tokens identical%s\n", same ? n_want : 0, n_want, which);
     } else {
         /* vs our fp32 sibling's greedy, up to its first near-tie */
         char fdir[1024];
@@ -266,6 +316,171 @@ static void check_chunked_prefill(void) {
     kn_synthetic_free(syn);
 }
 
+/* Sliding-window layers in a ring of window + max_chunk - 1 positions
+ * (kv_paged.h) against the same model keeping every position (the masked
+ * full-cache path): two sequences several windows long, advanced together in
+ * one batch with an irregular schedule of prefill chunks (up to the full 512)
+ * and single-token decode steps, must give the same logits at every position,
+ * and the ring must hold less memory than the context. With a KV format
+ * (kv != NULL, both models built with it) the ring layers store rows in
+ * the formats the spec gives their model layers (boundary layers counted
+ * in model layers), the memory per token is the formats' row bytes, and
+ * delayed conversion (--kv-start) is refused for the ring model. */
+static int ring_step(kn_model *m, kn_kv_seq **seqs, const int32_t *const *ids, const int *start, const int *len,
+                     float *const *out, kn_error *err) {
+    int32_t tok[512], pos[512], sq[512], rows[512], nt = 0;
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < len[s]; i++) tok[nt] = ids[s][start[s] + i], pos[nt] = start[s] + i, sq[nt] = s, rows[nt] = nt, nt++;
+    if (!nt) return 0;
+    const int V = m->cfg.vocab_size;
+    float *lg = malloc((size_t)nt * V * 4);
+    kn_batch b = {.n_tokens = nt, .tokens = tok, .pos = pos, .seq = sq, .n_seqs = 2, .seqs = seqs,
+                  .n_logits = nt, .logit_rows = rows};
+    kn_code rc = kn_model_forward(m, &b, lg, err);
+    for (int t = 0; !rc && t < nt; t++) memcpy(out[sq[t]] + (size_t)pos[t] * V, lg + (size_t)t * V, (size_t)V * 4);
+    free(lg);
+    return rc != KN_OK;
+}
+
+static void check_sliding_ring_one(const char *name, const char *cfg_json, const char *kv, int keep) {
+    kn_model_config cfg;
+    kn_error err = {0};
+    kn_synthetic *syn;
+    kn_model *mr = NULL, *mf = NULL;
+    kn_kv_spec spec;
+    if (kv && kn_kv_spec_parse(kv, keep, &spec, &err)) {
+        CHECK(0, "ring %s: --kv %s: %s", name, kv, err.msg);
+        return;
+    }
+    if (kn_config_parse(cfg_json, strlen(cfg_json), NULL, 0, "synthetic", &cfg, &err) ||
+        kn_synthetic_create(&cfg, KN_DT_F32, 7, 2, &syn, &err)) {
+        CHECK(0, "ring %s: setup: %s", name, err.msg);
+        return;
+    }
+    kn_tensor_source src = kn_synthetic_source(syn);
+    const int ctx = 1600, n[2] = {1200, 1050}, V = cfg.vocab_size;
+    for (int full = 0; full < 2; full++) {
+        kn_backend *be;
+        kn_model_config c = cfg;
+        c.sliding_kv_full = full;
+        if (kn_backend_create(getenv("KILN_TEST_BACKEND"), 2, &be, &err) ||
+            kn_model_build_kv(&c, &src, be, ctx, 2, kv ? &spec : NULL, full ? &mf : &mr, &err)) {
+            CHECK(0, "ring %s: build: %s", name, err.msg);
+            goto out;
+        }
+    }
+    if (kv && mr->kv->ring) {
+        /* every layer owning K/V, in whichever pool, has the formats of its model layer */
+        int ok = 1, in_main = 0, in_ring = 0, heads[KN_MAX_LAYERS], dims[KN_MAX_LAYERS], shared = 0;
+        for (int l = 0; l < cfg.n_layers; l++) {
+            const kn_layer *L = &mr->layers[l];
+            int kf, vf;
+            kn_kv_spec_layer(&spec, l, cfg.n_layers, &kf, &vf);
+            heads[l] = L->n_kv_heads, dims[l] = L->head_dim, shared |= L->kv_source != l;
+            if (L->kv_source != l) continue;
+            const kn_kv_layer *P = L->in_ring ? &mr->kv->ring->layers[in_ring++] : &mr->kv->layers[in_main++];
+            ok &= P->k_fmt == kf && P->v_fmt == vf && mr->kvl[l].k_fmt == kf && mr->kvl[l].v_fmt == vf;
+        }
+        CHECK(ok && in_main == mr->kv->n_layers && in_ring == mr->kv->ring->n_layers,
+              "ring %s --kv %s: pool layers' formats differ from the spec's", name, kv);
+        if (!shared) /* all layers own storage: the pools' bytes per token are the KV_FORMATS.md formula */
+            CHECK(kn_kv_bytes_per_token(mr->kv) == kn_kv_spec_bytes_per_token(&spec, cfg.n_layers, heads, dims) &&
+                      kn_kv_bytes_per_token(mf->kv) == kn_kv_bytes_per_token(mr->kv),
+                  "ring %s --kv %s: %lld bytes per token, formula %lld", name, kv,
+                  (long long)kn_kv_bytes_per_token(mr->kv),
+                  (long long)kn_kv_spec_bytes_per_token(&spec, cfg.n_layers, heads, dims));
+        /* delayed conversion with a ring: refused, clearly */
+        kn_kv_spec ds = spec;
+        ds.kv_start = 64;
+        kn_backend *be;
+        kn_model *md = NULL;
+        kn_error derr = {0};
+        if (!kn_backend_create(getenv("KILN_TEST_BACKEND"), 2, &be, &derr)) {
+            kn_code rc = kn_model_build_kv(&cfg, &src, be, ctx, 2, &ds, &md, &derr);
+            CHECK(rc == KN_ERR_UNSUPPORTED && strstr(derr.msg, "--kv-start") && strstr(derr.msg, "sliding-window"),
+                  "ring %s --kv %s: --kv-start with a ring: %d %s", name, kv, rc, derr.msg);
+            if (!rc) kn_model_close(md);
+        }
+    }
+    CHECK(mr->kv->ring && !mf->kv->ring, "ring %s: the ring model has no ring (or the full one has)", name);
+    CHECK(kn_kv_seq_bytes(mr->kv, ctx) < kn_kv_seq_bytes(mf->kv, ctx) / 2 + kn_kv_seq_bytes(mf->kv, ctx) / 4,
+          "ring %s: a %d-token sequence needs %lld bytes with the ring, %lld without", name, ctx,
+          (long long)kn_kv_seq_bytes(mr->kv, ctx), (long long)kn_kv_seq_bytes(mf->kv, ctx));
+    int32_t *ids[2];
+    float *got[2][2];
+    for (int s = 0; s < 2; s++) {
+        ids[s] = malloc((size_t)n[s] * 4);
+        for (int i = 0; i < n[s]; i++) ids[s][i] = (i * (31 + 6 * s) + 7 * s + 3) % V;
+        for (int k = 0; k < 2; k++) got[k][s] = calloc((size_t)n[s] * V, 4);
+    }
+    /* per-step tokens of sequence 0 / 1: chunks of every size class, decode steps, and both at once */
+    static const int sched[][2] = {{37, 0}, {0, 512}, {512, 0}, {1, 1}, {475, 3}, {1, 1},  {1, 1},
+                                   {0, 512}, {300, 200}, {0, 384}, {1, 1}, {10, 1}, {1, 0}};
+    for (int k = 0; k < 2; k++) {
+        kn_model *m = k ? mf : mr;
+        kn_kv_seq sa = {0}, sb = {0};
+        kn_kv_seq *seqs[2] = {&sa, &sb};
+        int start[2] = {0, 0}, failed = 0;
+        failed |= kn_kv_seq_reserve(m->kv, &sa, n[0], &err) || kn_kv_seq_reserve(m->kv, &sb, n[1], &err);
+        for (size_t i = 0; !failed && (start[0] < n[0] || start[1] < n[1]); i++) {
+            const int *w = sched[i < sizeof sched / sizeof *sched ? i : sizeof sched / sizeof *sched - 2];
+            int len[2];
+            for (int s = 0; s < 2; s++) len[s] = w[s] < n[s] - start[s] ? w[s] : n[s] - start[s];
+            if (len[0] + len[1] > 512) len[1] = 512 - len[0];
+            failed = ring_step(m, seqs, (const int32_t *const *)ids, start, len, got[k], &err);
+            for (int s = 0; s < 2; s++) start[s] += len[s], seqs[s]->n_tokens = start[s];
+        }
+        CHECK(!failed, "ring %s: forward: %s", name, err.msg);
+        kn_kv_seq_release(m->kv, &sa), kn_kv_seq_release(m->kv, &sb);
+    }
+    double maxd = 0, scale = 0;
+    for (int s = 0; s < 2; s++)
+        for (size_t i = 0; i < (size_t)n[s] * V; i++) {
+            double d = fabs((double)got[0][s][i] - got[1][s][i]);
+            if (!(d <= maxd)) maxd = isnan(d) ? INFINITY : d;
+            if (fabs(got[1][s][i]) > scale) scale = fabs(got[1][s][i]);
+        }
+    CHECK(scale > 0 && maxd <= 1e-5 * scale, "ring %s: ring vs full-cache logits max |d| %.3g (scale %.3g)", name, maxd,
+          scale);
+    printf("ring %-10s%s%-6s window %d, ring %d of %d blocks: 2 seqs x %d/%d tokens, ring vs full cache max |d| "
+           "%.2e of max|logit|\n", name, kv ? " --kv " : "", kv ? kv : "", cfg.sliding_window, mr->kv->ring ? mr->kv->ring_blocks : 0, mr->max_blocks, n[0], n[1],
+           maxd / scale);
+    for (int s = 0; s < 2; s++) free(ids[s]), free(got[0][s]), free(got[1][s]);
+out:
+    kn_model_close(mr), kn_model_close(mf);
+    kn_synthetic_free(syn);
+}
+
+static void check_sliding_ring(void) {
+    static const char *const mistral = "{\"model_type\": \"mistral\", \"vocab_size\": 300, \"hidden_size\": 64, "
+        "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 16, \"sliding_window\": 40, "
+        "\"max_position_embeddings\": 4096}";
+    static const char *const gemma2 = "{\"model_type\": \"gemma2\", \"vocab_size\": 300, \"hidden_size\": 64, "
+        "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 1, \"head_dim\": 16, \"sliding_window\": 100, "
+        "\"query_pre_attn_scalar\": 16, \"attn_logit_softcapping\": 20.0, "
+        "\"final_logit_softcapping\": 30.0, \"hidden_activation\": \"gelu_pytorch_tanh\", "
+        "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\"], "
+        "\"max_position_embeddings\": 4096}";
+    /* KV-shared layers (3, 4) read layers 1 / 2's caches: a ring for the sliding ones */
+    static const char *const gemma3n = "{\"model_type\": \"gemma3n_text\", \"vocab_size\": 300, \"hidden_size\": 64, "
+        "\"intermediate_size\": 64, \"num_hidden_layers\": 5, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 1, \"head_dim\": 16, \"sliding_window\": 30, "
+        "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+        "\"full_attention\", \"sliding_attention\"], \"num_kv_shared_layers\": 2, "
+        "\"vocab_size_per_layer_input\": 300, \"hidden_size_per_layer_input\": 8, "
+        "\"laurel_rank\": 8, \"activation_sparsity_pattern\": [0.9, 0, 0, 0, 0], "
+        "\"max_position_embeddings\": 4096}";
+    check_sliding_ring_one("mistral", mistral, NULL, -1);
+    check_sliding_ring_one("gemma2", gemma2, NULL, -1);
+    check_sliding_ring_one("gemma3n", gemma3n, NULL, -1);
+    /* compressed KV: gemma2's ring layers 0 / 2 are boundary layers (bf16), its full layer 1 has q8 keys and
+     * q4 values; gemma3n's ring caches in q8, read by its KV-shared layers */
+    check_sliding_ring_one("gemma2", gemma2, "q8:q4", 1);
+    check_sliding_ring_one("gemma3n", gemma3n, "q8", 0);
+}
+
 /* A multimodal checkpoint runs its language model and says what it ignored. */
 static void check_ignored_components(void) {
     char dir[1024];
@@ -330,13 +545,19 @@ int main(int argc, char **argv) {
         "phi3",    "llama_bf16",
         /* model families (tools/fixtures/gen_families.py) */
         "gemma",   "gemma2",       "gemma3_text", "gemma3_mm", "qwen3_moe", "qwen2_moe", "mixtral",
-        "olmo2",   "granite",      "starcoder2", "glm4",       "smollm3",
+        "olmo2",   "granite",      "starcoder2", "glm4",       "smollm3",   "gemma4_text", "gemma3n_text",
+        "phi3_longrope", "llama_dynamic",
     };
     if (argc > 1) {
-        for (int i = 1; i < argc; i++) check_fixture(argv[i]);
+        for (int i = 1; i < argc; i++) {
+            if (!strcmp(argv[i], "ring")) check_sliding_ring();
+            else if (!strcmp(argv[i], "chunked")) check_chunked_prefill();
+            else check_fixture(argv[i]);
+        }
     } else {
         for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) check_fixture(fixtures[i]);
         check_chunked_prefill();
+        check_sliding_ring();
         check_ignored_components();
         check_moe_active_bytes();
     }

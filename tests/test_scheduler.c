@@ -87,13 +87,17 @@ static kn_model *open_model(const char *dir, int max_seqs, int max_context) {
 static const int mix_len[8] = {16, 3, 40, 1, 25, 9, 33, 16};
 static const int mix_gen[8] = {24, 30, 12, 20, 7, 40, 18, 1};
 
-static void check_batch_invariance(const char *name) {
+/* max_context > 0: a context long enough that sliding-window layers live in
+ * a ring (kv_paged.h); the engine is then asked for a prefix cache, which a
+ * ring model must decline without changing any result. */
+static void check_batch_invariance(const char *name, int max_context) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", kn_test_fixtures(), name);
     reference ref;
     if (load_reference(dir, &ref)) return;
-    kn_model *m = open_model(dir, 8, 0);
+    kn_model *m = open_model(dir, 8, max_context);
     if (!m) return;
+    if (max_context) CHECK(m->kv->ring != NULL, "%s: context %d has no sliding-window ring", name, max_context);
     kn_error err = {0};
     /* solo runs through kn_generate (serial generation, no engine) */
     tokbuf solo[8];
@@ -105,7 +109,8 @@ static void check_batch_invariance(const char *name) {
         CHECK(rc == KN_OK, "%s: kn_generate: %s", name, err.msg);
     }
     for (int budget_i = 0; budget_i < 2; budget_i++) {
-        kn_engine_options eo = {.max_batch = 8, .step_tokens = budget_i ? 12 : 0};
+        kn_engine_options eo = {.max_batch = 8, .step_tokens = budget_i ? 12 : 0,
+                                .prefix_cache_blocks = max_context ? 64 : 0};
         kn_engine *e;
         if (kn_engine_create(m, &eo, &e, &err)) {
             CHECK(0, "%s: engine: %s", name, err.msg);
@@ -145,6 +150,53 @@ static void check_batch_invariance(const char *name) {
         CHECK(st.requests_finished[KN_FINISH_LENGTH] == 9, "finished count %llu",
               (unsigned long long)st.requests_finished[KN_FINISH_LENGTH]);
         if (budget_i == 0) CHECK(st.batch_hist[KN_HIST_BUCKETS] == 0 && st.batch_sum > st.batch_count, "no batching seen");
+        kn_engine_destroy(e);
+    }
+    kn_model_close(m);
+}
+
+/* longrope (phi3_longrope fixture, switch at 24): requests that cross the
+ * switch are recomputed with the long factors by the engine exactly as
+ * kn_generate does, chunked (step budget 12) or not, alone or batched with
+ * requests whose prompts are already past it. */
+static void check_longrope_switch(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/phi3_longrope", kn_test_fixtures());
+    reference ref;
+    if (load_reference(dir, &ref)) return;
+    kn_model *m = open_model(dir, 4, 0);
+    if (!m) return;
+    kn_error err = {0};
+    static const int len[3] = {16, 5, 30}, gen[3] = {20, 30, 8};
+    tokbuf solo[3];
+    for (int i = 0; i < 3; i++) {
+        kn_sampling s = kn_sampling_defaults(m);
+        s.temperature = 0, s.max_new_tokens = gen[i], s.ignore_eos = 1;
+        solo[i].n = 0;
+        CHECK(kn_generate(m, ref.ids, len[i], &s, collect_cb, &solo[i], NULL, &err) == KN_OK, "generate: %s", err.msg);
+    }
+    for (int budget_i = 0; budget_i < 2; budget_i++) {
+        kn_engine_options eo = {.max_batch = 4, .step_tokens = budget_i ? 12 : 0, .prefix_cache_blocks = 16};
+        kn_engine *e;
+        if (kn_engine_create(m, &eo, &e, &err)) {
+            CHECK(0, "longrope engine: %s", err.msg);
+            break;
+        }
+        kn_gen_params p;
+        kn_gen_params_init(&p, m);
+        p.s.temperature = 0, p.s.ignore_eos = 1;
+        kn_request *rs[3];
+        for (int i = 0; i < 3; i++) {
+            p.s.max_new_tokens = gen[i];
+            CHECK(kn_engine_submit(e, ref.ids, len[i], &p, &rs[i], &err) == KN_SUBMIT_OK, "submit %d", i);
+        }
+        for (int i = 0; i < 3; i++) {
+            tokbuf b;
+            CHECK(drain(rs[i], &b, NULL) == KN_FINISH_LENGTH, "longrope row %d finish", i);
+            CHECK(same(b.toks, b.n, solo[i].toks, solo[i].n), "longrope (budget %d): row %d (prompt %d) differs from "
+                  "kn_generate", eo.step_tokens, i, len[i]);
+            kn_request_release(rs[i]);
+        }
         kn_engine_destroy(e);
     }
     kn_model_close(m);
@@ -444,7 +496,9 @@ static void check_matmul_batch_invariance(void) {
 int main(int argc, char **argv) {
     check_matmul_batch_invariance();
     const char *names[] = {"llama", "phi3", "llama3"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) check_batch_invariance(names[i]);
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) check_batch_invariance(names[i], 0);
+    check_batch_invariance("gemma2", 1024); /* window 8: sliding layer in a ring */
+    check_longrope_switch();
     check_pool_wait();
     check_cancel_and_queue();
     check_sampling();

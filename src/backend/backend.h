@@ -260,6 +260,18 @@ typedef struct kn_backend_vtbl {
      * src[i] (bf16 arena, kv->sk/sv) re-encoded into the layer's formats at
      * compressed slots dst[i], i < n */
     void (*kv_convert)(kn_backend *be, const kn_kv_layer *kv, const int32_t *src, const int32_t *dst, int n);
+    /* ---- gemma3n (AltUp streams, activation sparsity) ---- */
+    /* Streams are [rows, dim] blocks stream_stride floats apart. For c < n_out, t < rows:
+     *   out[c][t] = sum over a < n_src of (w[t][c][a] + w_add) * src[a][t]  (+ base[c][t])
+     * with w [rows, n_out, n_src] (NULL: all 0) and base NULL meaning 0; the
+     * sum runs a = 0, 1, ... and base is added last. out may be base, not src. */
+    void (*stream_mix)(kn_backend *be, const float *src, int n_src, const float *base, float *out, int n_out,
+                       int64_t stream_stride, const float *w, float w_add, int rows, int dim);
+    /* x[r, :] = x[r, :] * rms(ref[r, :]) / sqrt(max(mean(x[r, :]^2), floor)), rms = sqrt(mean of squares) */
+    void (*rms_match)(kn_backend *be, float *x, const float *ref, int rows, int dim, float floor);
+    /* x[r, j] = max(0, x[r, j] - (mean_r + std_r * mult)) for j < dim, rows x_stride apart; mean and
+     * (population) std over the row's dim values */
+    void (*gaussian_topk)(kn_backend *be, float *x, int64_t x_stride, int rows, int dim, float mult);
 } kn_backend_vtbl;
 
 enum { KN_EPI_NONE = 0, KN_EPI_SWIGLU = 1 };

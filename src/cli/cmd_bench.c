@@ -89,7 +89,10 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
     r->decode_tps = (double)gen * batch / r->decode_s;
     double wbytes = (double)kn_model_weight_bytes(m);
     r->weight_gb = wbytes / 1e9;
-    double kv_per_step = (double)kn_kv_bytes_per_token(m->kv) * (prompt + gen / 2.0) * batch;
+    /* K/V read per step: every position of full-attention layers, the last window of ring layers */
+    const double ctx = prompt + gen / 2.0, win = m->cfg.sliding_window < ctx ? m->cfg.sliding_window : ctx;
+    const double ring_tok = m->kv->ring ? (double)kn_kv_bytes_per_token(m->kv->ring) : 0.0;
+    double kv_per_step = ((double)(kn_kv_bytes_per_token(m->kv) - ring_tok) * ctx + ring_tok * win) * batch;
     r->floor_tps = r->read_gbs * 1e9 / (wbytes + kv_per_step) * batch;
     /* matmul FLOPs of prefill: 2 x weight elements x tokens */
     double elems = 0;

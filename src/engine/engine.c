@@ -62,6 +62,7 @@ struct kn_request {
     atomic_int cancel;
     /* engine thread only */
     int state, n_prefilled, n_past, chunk;
+    int n_fill; /* prefill target: n_prompt, or the whole sequence while recomputing it (longrope switch) */
     int32_t last_token;
     kn_kv_seq kv;
     kn_rng rng;
@@ -91,6 +92,7 @@ struct kn_engine {
     kn_kv_seq **seqs;
     kn_sampler_scratch scratch;
     kn_prefix_cache *prefix; /* NULL when disabled */
+    int rope_switch;         /* longrope: position at which a sequence is recomputed with long factors; -1 = none */
 };
 
 const double kn_hist_bounds_seconds[KN_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -378,6 +380,7 @@ static void admit_locked(kn_engine *e, kn_request **cancelled, int *n_cancelled,
         }
         atomic_store(&r->n_cached, cached);
         r->n_prefilled = r->n_past = cached;
+        r->n_fill = r->n_prompt;
         e->stats.prefix_cache_hit_tokens += (uint64_t)cached;
         e->wait_head = r->next;
         if (!e->wait_head) e->wait_tail = NULL;
@@ -429,13 +432,21 @@ static kn_finish sample_and_post(kn_engine *e, kn_request *r, float *row, double
 static void engine_step(kn_engine *e) {
     kn_model *m = e->m;
     int n = 0, n_seqs = 0, n_rows = 0;
+    int32_t rope_len[KN_ENGINE_MAX_BATCH]; /* length-dependent RoPE: a chunked prompt scales for its whole length */
     /* decode tokens first: one per decoding sequence */
     for (int i = 0; i < e->n_running; i++) {
         kn_request *r = e->running[i];
         r->chunk = 0;
         if (r->state != ST_DECODE) continue;
+        if (r->n_past == e->rope_switch && r->n_fill <= e->rope_switch && r->n_past < r->n_reserve) {
+            /* longrope: the sequence first outgrows original_max_position_embeddings: recompute all of it
+             * with the long factors, as transformers' phi3 generate drops its cache (prefilled below) */
+            r->state = ST_PREFILL, r->n_prefilled = 0, r->n_fill = r->n_past + 1;
+            continue;
+        }
         e->tokens[n] = r->last_token, e->pos[n] = r->n_past, e->seq[n] = n_seqs;
         e->rows[n_rows] = n, e->row_req[n_rows++] = r;
+        rope_len[n_seqs] = 0;
         e->seqs[n_seqs++] = &r->kv;
         r->chunk = 1;
         n++;
@@ -444,7 +455,7 @@ static void engine_step(kn_engine *e) {
     for (int i = 0; i < e->n_running && n < e->step_tokens; i++) {
         kn_request *r = e->running[i];
         if (r->state != ST_PREFILL) continue;
-        int c = r->n_prompt - r->n_prefilled, room = e->step_tokens - n;
+        int c = r->n_fill - r->n_prefilled, room = e->step_tokens - n;
         if (c > room) c = room;
         c = kn_kv_max_append(e->m->kv, &r->kv, r->n_prefilled, c); /* never straddle --kv-start */
         for (int k = 0; k < c; k++) {
@@ -452,14 +463,15 @@ static void engine_step(kn_engine *e) {
             e->pos[n + k] = r->n_prefilled + k;
             e->seq[n + k] = n_seqs;
         }
-        if (r->n_prefilled + c == r->n_prompt) e->rows[n_rows] = n + c - 1, e->row_req[n_rows++] = r;
+        if (r->n_prefilled + c == r->n_fill) e->rows[n_rows] = n + c - 1, e->row_req[n_rows++] = r;
+        rope_len[n_seqs] = r->n_fill;
         e->seqs[n_seqs++] = &r->kv;
         r->chunk = c;
         n += c;
     }
     if (n == 0) return;
     kn_batch b = {.n_tokens = n, .tokens = e->tokens, .pos = e->pos, .seq = e->seq, .n_seqs = n_seqs,
-                  .seqs = e->seqs, .n_logits = n_rows, .logit_rows = e->rows};
+                  .seqs = e->seqs, .n_logits = n_rows, .logit_rows = e->rows, .rope_len = rope_len};
     kn_error err = {0};
     kn_code rc = kn_model_forward(m, &b, e->logits, &err);
     if (rc) { /* fail every sequence of this batch; the server keeps serving */
@@ -477,7 +489,7 @@ static void engine_step(kn_engine *e) {
             if (r->state == ST_DECODE) r->n_past++;
             else {
                 r->n_prefilled += r->chunk, r->n_past = r->n_prefilled;
-                if (e->prefix && r->n_prefilled == r->n_prompt) /* shareable with requests admitted next */
+                if (e->prefix && r->n_prefilled == r->n_prompt && r->n_fill == r->n_prompt) /* shareable next */
                     kn_prefix_cache_insert(e->prefix, &r->kv, r->prompt, r->n_prompt);
             }
             r->kv.n_tokens = r->n_past;
@@ -600,7 +612,11 @@ kn_code kn_engine_create(kn_model *m, const kn_engine_options *o, kn_engine **ou
     if (!e->running || !e->logits || !e->tokens || !e->pos || !e->seq || !e->rows || !e->row_req || !e->seqs)
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for the engine");
     if (!rc) rc = kn_sampler_scratch_init(&e->scratch, e->V, err);
-    if (!rc && opt.prefix_cache_blocks > 0) rc = kn_prefix_cache_create(m->kv, opt.prefix_cache_blocks, &e->prefix, err);
+    /* no prefix to share where sliding-window rings keep only a sequence's last window, or where RoPE
+     * depends on the sequence's length (a prefix's K/V then depends on what follows it) */
+    e->rope_switch = m->cfg.rope.type == KN_ROPE_LONGROPE ? m->cfg.rope.original_max_position_embeddings : -1;
+    if (!rc && opt.prefix_cache_blocks > 0 && !m->kv->ring && !m->rope_runs)
+        rc = kn_prefix_cache_create(m->kv, opt.prefix_cache_blocks, &e->prefix, err);
     if (!rc) {
         pthread_mutex_init(&e->mu, NULL);
         pthread_cond_init(&e->cv, NULL);

@@ -4,6 +4,7 @@
  * stop. The continuous-batching scheduler drives the same forward pass with
  * many sequences. */
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "engine/sampler.h"
@@ -32,6 +33,27 @@ static int is_eos(const kn_model_config *c, int32_t tok) {
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos_token_ids[i] == tok) return 1;
     return 0;
+}
+
+/* Forward ids[0..n) from position 0 in max_chunk pieces, capped by
+ * kn_kv_max_append (length-dependent RoPE scaled for all n, as one
+ * transformers forward); the last row's logits (or its greedy id into
+ * *next) come back. */
+static kn_code prefill(kn_model *m, kn_kv_seq **seqs, const int32_t *ids, int n_ids, int32_t *pos, int32_t *sidx,
+                       float *logits, int32_t *next, kn_error *err) {
+    kn_code rc = KN_OK;
+    const int32_t rope_len = n_ids;
+    for (int c0 = 0, n = 0; !rc && c0 < n_ids; c0 += n) { /* delayed conversion: a chunk never straddles --kv-start */
+        n = kn_kv_max_append(m->kv, seqs[0], c0, n_ids - c0 < m->max_chunk ? n_ids - c0 : m->max_chunk);
+        for (int i = 0; i < n; i++) pos[i] = c0 + i;
+        int32_t last = n - 1;
+        int want = c0 + n == n_ids;
+        kn_batch b = {.n_tokens = n, .tokens = ids + c0, .pos = pos, .seq = sidx, .n_seqs = 1, .seqs = seqs,
+                      .n_logits = want, .logit_rows = &last, .argmax = next, .rope_len = &rope_len};
+        rc = kn_model_forward(m, &b, logits, err);
+        seqs[0]->n_tokens = c0 + n;
+    }
+    return rc;
 }
 
 kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_sampling *sp, kn_token_cb cb,
@@ -63,16 +85,12 @@ kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_s
     const int greedy = sp->temperature <= 0.0f || sp->top_k == 1;
     int32_t next = 0;
     double t0 = now_seconds();
-    for (int c0 = 0, n = 0; !rc && c0 < n_prompt; c0 += n) {
-        n = kn_kv_max_append(m->kv, &seq, c0, n_prompt - c0 < m->max_chunk ? n_prompt - c0 : m->max_chunk);
-        for (int i = 0; i < n; i++) pos[i] = c0 + i;
-        int32_t last = n - 1;
-        int want = c0 + n == n_prompt;
-        kn_batch b = {.n_tokens = n, .tokens = prompt + c0, .pos = pos, .seq = sidx, .n_seqs = 1, .seqs = seqs,
-                      .n_logits = want, .logit_rows = &last, .argmax = greedy ? &next : NULL};
-        rc = kn_model_forward(m, &b, logits, err);
-        seq.n_tokens = c0 + n;
-    }
+    /* the token history (prompt + generated): longrope models recompute it at the switch to long factors */
+    int32_t *hist = malloc((size_t)(limit > n_prompt ? limit : n_prompt) * sizeof *hist);
+    if (!rc && !hist) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    if (hist) memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
+    const int switch_at = m->cfg.rope.type == KN_ROPE_LONGROPE ? m->cfg.rope.original_max_position_embeddings : -1;
+    if (!rc) rc = prefill(m, seqs, hist, n_prompt, pos, sidx, logits, greedy ? &next : NULL, err);
     double t1 = now_seconds();
     st.prefill_seconds = t1 - t0;
     int p = n_prompt;
@@ -83,12 +101,20 @@ kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_s
         if (stop || (!sp->ignore_eos && is_eos(&m->cfg, tok)) || st.n_generated >= sp->max_new_tokens ||
             p >= m->max_context)
             break;
-        int32_t row = 0;
-        kn_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &p, .seq = sidx, .n_seqs = 1, .seqs = seqs,
-                      .n_logits = 1, .logit_rows = &row, .argmax = greedy ? &next : NULL};
-        rc = kn_model_forward(m, &b, logits, err);
+        hist[p] = tok;
+        if (p == switch_at && n_prompt <= switch_at) {
+            /* transformers' phi3 generate drops the cache when the sequence first outgrows
+             * original_max_position_embeddings: everything is recomputed with the long factors */
+            rc = prefill(m, seqs, hist, p + 1, pos, sidx, logits, greedy ? &next : NULL, err);
+        } else {
+            int32_t row = 0;
+            kn_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &p, .seq = sidx, .n_seqs = 1, .seqs = seqs,
+                          .n_logits = 1, .logit_rows = &row, .argmax = greedy ? &next : NULL};
+            rc = kn_model_forward(m, &b, logits, err);
+        }
         seq.n_tokens = ++p;
     }
+    free(hist);
     st.decode_seconds = now_seconds() - t1;
     if (stats) *stats = st;
     kn_kv_seq_release(m->kv, &seq);

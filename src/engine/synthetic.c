@@ -156,7 +156,7 @@ kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed
     kn_synthetic *s = calloc(1, sizeof *s);
     if (!s) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     if (n_threads <= 0) n_threads = omp_get_num_procs();
-    const int64_t H = c->hidden_size, I = c->intermediate_size, q = (int64_t)c->n_heads * c->head_dim,
+    const int64_t H = c->hidden_size, I_all = c->intermediate_size, q = (int64_t)c->n_heads * c->head_dim,
                   kv = (int64_t)c->n_kv_heads * c->head_dim;
     const float ws = 0.02f;
     /* norms are 1 + noise, except where the family scales by (1 + w) */
@@ -164,6 +164,7 @@ kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed
     const kn_norm_names nn = kn_family_norms(c);
     kn_code rc = add(s, dt, c->vocab_size, H, 0, ws, seed, n_threads, err, "model.embed_tokens.weight", 0);
     for (int l = 0; !rc && l < c->n_layers; l++) {
+        const int64_t I = c->layer_inter[l] ? c->layer_inter[l] : I_all; /* gemma3n: per-layer widths */
         if (c->fused_qkv) rc = add(s, dt, q + 2 * kv, H, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.qkv_proj.weight", l);
         else {
             rc = add(s, dt, q, H, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.q_proj.weight", l);
@@ -210,6 +211,30 @@ kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed
             int full = c->qk_norm_kind == KN_QK_NORM_FULL;
             rc = add(s, dt, full ? q : c->head_dim, 0, nc, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.q_norm.weight", l);
             if (!rc) rc = add(s, dt, full ? kv : c->head_dim, 0, nc, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
+        if (!rc && c->altup_inputs) { /* gemma3n: per-layer inputs, AltUp, Laurel */
+            const int64_t P = c->ple_dim, K = c->altup_inputs, R = c->laurel_rank;
+            rc = add(s, dt, P, H, 0, ws, seed, n_threads, err, "model.layers.%d.per_layer_input_gate.weight", l);
+            if (!rc) rc = add(s, dt, H, P, 0, ws, seed, n_threads, err, "model.layers.%d.per_layer_projection.weight", l);
+            if (!rc) rc = add(s, dt, H, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.post_per_layer_input_norm.weight", l);
+            if (!rc) rc = add(s, dt, K, H, 0, ws, seed, n_threads, err, "model.layers.%d.altup.modality_router.weight", l);
+            if (!rc) rc = add(s, dt, K * K, K, 0, 0.1f, seed, n_threads, err, "model.layers.%d.altup.prediction_coefs.weight", l);
+            if (!rc) rc = add(s, dt, K, K, 0, 0.1f, seed, n_threads, err, "model.layers.%d.altup.correction_coefs.weight", l);
+            if (!rc) rc = add(s, dt, H, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.altup.router_norm.weight", l);
+            if (!rc) rc = add(s, dt, H, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.altup.correct_output_scale", l);
+            if (!rc) rc = add(s, dt, R, H, 0, ws, seed, n_threads, err, "model.layers.%d.laurel.linear_left.weight", l);
+            if (!rc) rc = add(s, dt, H, R, 0, ws, seed, n_threads, err, "model.layers.%d.laurel.linear_right.weight", l);
+            if (!rc) rc = add(s, dt, H, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.laurel.post_laurel_norm.weight", l);
+        }
+    }
+    if (!rc && c->altup_inputs) { /* gemma3n model-level tensors */
+        const int64_t LP = (int64_t)c->n_layers * c->ple_dim;
+        rc = add(s, dt, c->ple_vocab, LP, 0, ws, seed, n_threads, err, "model.embed_tokens_per_layer.weight", 0);
+        if (!rc) rc = add(s, dt, LP, H, 0, ws, seed, n_threads, err, "model.per_layer_model_projection.weight", 0);
+        if (!rc) rc = add(s, dt, c->ple_dim, 0, 1.0f, 0.1f, seed, n_threads, err, "model.per_layer_projection_norm.weight", 0);
+        for (int i = 0; !rc && i < c->altup_inputs - 1; i++) {
+            rc = add(s, dt, H, H, 0, ws, seed, n_threads, err, "model.altup_projections.%d.weight", i);
+            if (!rc) rc = add(s, dt, H, H, 0, ws, seed, n_threads, err, "model.altup_unembed_projections.%d.weight", i);
         }
     }
     if (!rc) rc = add(s, dt, H, 0, nc, 0.1f, seed, n_threads, err, "model.norm.weight", 0);

@@ -20,7 +20,7 @@ static const char *const arch_names[KN_ARCH_COUNT] = {
     [KN_ARCH_GEMMA2] = "gemma2",       [KN_ARCH_GEMMA3] = "gemma3_text",  [KN_ARCH_QWEN2_MOE] = "qwen2_moe",
     [KN_ARCH_QWEN3_MOE] = "qwen3_moe", [KN_ARCH_MIXTRAL] = "mixtral",     [KN_ARCH_OLMO2] = "olmo2",
     [KN_ARCH_GRANITE] = "granite",     [KN_ARCH_STARCODER2] = "starcoder2", [KN_ARCH_GLM4] = "glm4",
-    [KN_ARCH_SMOLLM3] = "smollm3",     [KN_ARCH_GEMMA4] = "gemma4_text",
+    [KN_ARCH_SMOLLM3] = "smollm3",     [KN_ARCH_GEMMA4] = "gemma4_text", [KN_ARCH_GEMMA3N] = "gemma3n_text",
 };
 _Static_assert(sizeof arch_names / sizeof *arch_names == KN_ARCH_COUNT, "one name per architecture");
 
@@ -29,13 +29,13 @@ _Static_assert(sizeof arch_names / sizeof *arch_names == KN_ARCH_COUNT, "one nam
  * (and said so: see kn_model_config.ignored_configs). */
 static const struct {
     const char *model_type, *text_key;
-} wrappers[] = {{"gemma3", "text_config"}, {"gemma4", "text_config"}};
+} wrappers[] = {{"gemma3", "text_config"}, {"gemma4", "text_config"}, {"gemma3n", "text_config"}};
 
 const char *kn_arch_name(kn_arch a) { return (unsigned)a < KN_ARCH_COUNT ? arch_names[a] : "?"; }
 
 const char *kn_supported_model_types(void) {
     return "llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3_text, gemma3 (its text model), gemma4_text, "
-           "gemma4 (its text model), qwen2_moe, qwen3_moe, mixtral, olmo2, granite, starcoder2, glm4, smollm3";
+           "gemma4 (its text model), gemma3n_text, gemma3n (its text model), qwen2_moe, qwen3_moe, mixtral, olmo2, granite, starcoder2, glm4, smollm3";
 }
 
 /* ---- small typed getters: absent/null -> default; wrong type -> error ---- */
@@ -176,6 +176,7 @@ static int parse_rope_obj(cfg_ctx *c, json_t *root, json_t *rs, double theta_def
         return -1;
     }
     if (get_num(c, rs, "factor", 1.0, &r->factor)) return -1;
+    r->has_factor = json_object_get(rs, "factor") && !json_is_null(json_object_get(rs, "factor"));
     if (get_num(c, rs, "low_freq_factor", 1.0, &r->low_freq_factor)) return -1;
     if (get_num(c, rs, "high_freq_factor", 4.0, &r->high_freq_factor)) return -1;
     if (get_int(c, rs, "original_max_position_embeddings", 0, &r->original_max_position_embeddings)) return -1;
@@ -189,6 +190,10 @@ static int parse_rope_obj(cfg_ctx *c, json_t *root, json_t *rs, double theta_def
     if (get_num(c, rs, "attention_factor", 1.0, &r->attention_factor)) return -1;
     if (parse_factor_list(c, rs, "long_factor", r->long_factor, &r->n_long_factor)) return -1;
     if (parse_factor_list(c, rs, "short_factor", r->short_factor, &r->n_short_factor)) return -1;
+    if (r->type == KN_ROPE_LONGROPE && json_is_integer(json_object_get(root, "original_max_position_embeddings"))) {
+        /* transformers gives phi3's top-level original_max_position_embeddings priority */
+        if (get_int(c, root, "original_max_position_embeddings", 0, &r->original_max_position_embeddings)) return -1;
+    }
     if (r->original_max_position_embeddings == 0) {
         int top;
         if (get_int(c, root, "original_max_position_embeddings", 0, &top)) return -1;
@@ -217,7 +222,8 @@ static int parse_rope(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
      * type; published checkpoints write rope_theta + rope_scaling. */
     json_t *rs = object_or_null(root, "rope_parameters");
     if (!rs) rs = object_or_null(root, "rope_scaling");
-    if (cfg->arch != KN_ARCH_GEMMA3 && cfg->arch != KN_ARCH_GEMMA4) return parse_rope_obj(c, root, rs, 10000.0, &cfg->rope);
+    if (cfg->arch != KN_ARCH_GEMMA3 && cfg->arch != KN_ARCH_GEMMA4 && cfg->arch != KN_ARCH_GEMMA3N)
+        return parse_rope_obj(c, root, rs, 10000.0, &cfg->rope);
     cfg->has_local_rope = 1;
     if (rs && json_is_object(rs) && (json_object_get(rs, "full_attention") || json_object_get(rs, "sliding_attention"))) {
         json_t *full = object_or_null(rs, "full_attention"), *slide = object_or_null(rs, "sliding_attention");
@@ -270,9 +276,10 @@ static int parse_layer_windows(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     case KN_ARCH_PHI3: window_all = cfg->sliding_window > 0; break;
     case KN_ARCH_GEMMA2:
     case KN_ARCH_GEMMA4:
+    case KN_ARCH_GEMMA3N:
     case KN_ARCH_GEMMA3: {
         /* transformers' default layer pattern: every `pattern`-th layer is global */
-        int pattern = cfg->arch == KN_ARCH_GEMMA4 ? 6 : 2;
+        int pattern = cfg->arch == KN_ARCH_GEMMA4 ? 6 : cfg->arch == KN_ARCH_GEMMA3N ? 5 : 2;
         if (cfg->arch == KN_ARCH_GEMMA3 && get_int(c, root, "sliding_window_pattern", 6, &pattern)) return -1;
         if (pattern <= 0) pattern = 1;
         for (int i = 0; i < cfg->n_layers; i++) cfg->layer_sliding[i] = cfg->sliding_window > 0 && (i + 1) % pattern != 0;
@@ -311,7 +318,7 @@ static int get_num_or_off(cfg_ctx *c, json_t *obj, const char *key, double def, 
 
 static int parse_activation(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     int gemma = cfg->arch == KN_ARCH_GEMMA || cfg->arch == KN_ARCH_GEMMA2 || cfg->arch == KN_ARCH_GEMMA3 ||
-                cfg->arch == KN_ARCH_GEMMA4;
+                cfg->arch == KN_ARCH_GEMMA4 || cfg->arch == KN_ARCH_GEMMA3N;
     const char *act = NULL;
     /* transformers 5.17: gemma2/3 read hidden_activation, gemma (1) reads hidden_act */
     if (gemma && cfg->arch != KN_ARCH_GEMMA) act = json_string_value(json_object_get(root, "hidden_activation"));
@@ -463,6 +470,79 @@ static int parse_quantization(cfg_ctx *c, json_t *root, json_t *outer, kn_model_
     return 0;
 }
 
+/* The standard normal quantile (torch.distributions.Normal(0, 1).icdf):
+ * sqrt(2) erfinv(2p - 1), by Newton steps on erf from a bisection start. */
+static double normal_icdf(double p) {
+    double lo = -10, hi = 10;
+    for (int i = 0; i < 60; i++) {
+        double mid = 0.5 * (lo + hi);
+        if (0.5 * erfc(-mid / sqrt(2.0)) < p) lo = mid;
+        else hi = mid;
+    }
+    double x = 0.5 * (lo + hi);
+    for (int i = 0; i < 3; i++) {
+        double f = 0.5 * erfc(-x / sqrt(2.0)) - p, d = exp(-0.5 * x * x) / sqrt(2.0 * 3.14159265358979323846);
+        if (d > 0) x -= f / d;
+    }
+    return x;
+}
+
+/* gemma3n_text (transformers 5.17 Gemma3nTextConfig and its defaults) */
+static int parse_gemma3n(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
+    cfg->embed_scale = (float)sqrt((double)cfg->hidden_size);
+    cfg->norm_layout = KN_NORMS_SANDWICH;
+    cfg->qk_norm_kind = KN_QK_NORM_HEAD;
+    cfg->v_norm = 1;
+    cfg->attn_scale = 1.0;
+    int active = 0;
+    double clip;
+    if (get_num_or_off(c, root, "final_logit_softcapping", 30.0, &cfg->final_softcap) ||
+        get_int(c, root, "num_kv_shared_layers", 15, &cfg->n_kv_shared_layers) ||
+        get_int(c, root, "hidden_size_per_layer_input", 256, &cfg->ple_dim) ||
+        get_int(c, root, "vocab_size_per_layer_input", 262144, &cfg->ple_vocab) ||
+        get_int(c, root, "altup_num_inputs", 4, &cfg->altup_inputs) ||
+        get_int(c, root, "altup_active_idx", 0, &active) || get_num(c, root, "altup_coef_clip", 120.0, &clip) ||
+        get_bool(c, root, "altup_correct_scale", 1, &cfg->altup_correct_scale) ||
+        get_int(c, root, "laurel_rank", 64, &cfg->laurel_rank))
+        return -1;
+    /* transformers shares from layer n_layers - num_kv_shared_layers only when that index is > 0 */
+    if (cfg->n_kv_shared_layers >= cfg->n_layers) cfg->n_kv_shared_layers = 0;
+    if (cfg->final_softcap < 0 || cfg->n_kv_shared_layers < 0 ||
+        cfg->ple_dim <= 0 || cfg->ple_dim > 4096 || cfg->ple_vocab <= 0 || cfg->altup_inputs < 2 ||
+        cfg->altup_inputs > 8 || cfg->laurel_rank <= 0 || cfg->laurel_rank > 65536) {
+        c->code = kn_fail(c->err, KN_ERR_FORMAT,
+                          "%s: gemma3n options out of range (final_logit_softcapping, num_kv_shared_layers %d, "
+                          "hidden_size_per_layer_input %d, altup_num_inputs %d (2..8), laurel_rank %d)",
+                          c->where, cfg->n_kv_shared_layers, cfg->ple_dim, cfg->altup_inputs, cfg->laurel_rank);
+        return -1;
+    }
+    if (active != 0) {
+        c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED, "%s: altup_active_idx %d is not supported (only 0)", c->where,
+                          active);
+        return -1;
+    }
+    /* activation_sparsity_pattern: one value per layer; absent: 0.95 for the
+     * first 10 layers of models deeper than 10, else none */
+    json_t *asp = json_object_get(root, "activation_sparsity_pattern");
+    if (asp && !json_is_null(asp) && (!json_is_array(asp) || (int)json_array_size(asp) != cfg->n_layers)) {
+        c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: activation_sparsity_pattern must list one value per layer (%d)",
+                          c->where, cfg->n_layers);
+        return -1;
+    }
+    for (int i = 0; i < cfg->n_layers; i++) {
+        double p = asp && !json_is_null(asp) ? json_number_value(json_array_get(asp, (size_t)i))
+                   : cfg->n_layers > 10 && i < 10 ? 0.95 : 0.0;
+        json_t *v = asp && !json_is_null(asp) ? json_array_get(asp, (size_t)i) : NULL;
+        if ((v && !json_is_number(v)) || !(p >= 0.0 && p < 1.0)) {
+            c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: activation_sparsity_pattern[%d] must be in [0, 1)", c->where, i);
+            return -1;
+        }
+        cfg->layer_sparse[i] = p > 0.0;
+        cfg->layer_sparsity_mult[i] = p > 0.0 ? (float)normal_icdf(p) : 0.0f;
+    }
+    return 0;
+}
+
 static int parse_family(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
     const kn_arch a = cfg->arch;
     cfg->mlp_gated = 1;
@@ -530,6 +610,9 @@ static int parse_family(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
             }
             for (int i = 0; i < cfg->n_layers; i++) cfg->layer_moe[i] = 1;
         }
+        break;
+    case KN_ARCH_GEMMA3N:
+        if (parse_gemma3n(c, root, cfg)) return -1;
         break;
     case KN_ARCH_QWEN3:
     case KN_ARCH_QWEN3_MOE: cfg->qk_norm_kind = KN_QK_NORM_HEAD; break;
@@ -661,7 +744,9 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
         }
         root = text;
         mt = json_string_value(json_object_get(root, "model_type"));
-        if (!mt) mt = !strcmp(cfg->wrapper_type, "gemma4") ? "gemma4_text" : "gemma3_text";
+        if (!mt) mt = !strcmp(cfg->wrapper_type, "gemma4")    ? "gemma4_text"
+                      : !strcmp(cfg->wrapper_type, "gemma3n") ? "gemma3n_text"
+                                                              : "gemma3_text";
         break;
     }
     int found = 0;
@@ -675,10 +760,12 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
     }
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt);
     const kn_arch A = cfg->arch;
-    const int gemma = A == KN_ARCH_GEMMA || A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3 || A == KN_ARCH_GEMMA4;
+    const int gemma = A == KN_ARCH_GEMMA || A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3 || A == KN_ARCH_GEMMA4 ||
+                      A == KN_ARCH_GEMMA3N;
+    json_t *inter = json_object_get(root, "intermediate_size");
     if (require_positive(&c, root, "vocab_size", &cfg->vocab_size) ||
         require_positive(&c, root, "hidden_size", &cfg->hidden_size) ||
-        require_positive(&c, root, "intermediate_size", &cfg->intermediate_size) ||
+        (!json_is_array(inter) && require_positive(&c, root, "intermediate_size", &cfg->intermediate_size)) ||
         require_positive(&c, root, "num_hidden_layers", &cfg->n_layers) ||
         require_positive(&c, root, "num_attention_heads", &cfg->n_heads))
         goto fail;
@@ -694,7 +781,8 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
     if (get_bool(&c, root, "tie_word_embeddings", tie_default, &cfg->tie_word_embeddings)) goto fail;
     if (get_bool(&c, root, "attention_bias", A == KN_ARCH_QWEN2, &cfg->attention_bias)) goto fail;
     if (get_bool(&c, root, "mlp_bias", 0, &cfg->mlp_bias)) goto fail;
-    if (get_int(&c, root, "sliding_window", A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3 ? 4096 : A == KN_ARCH_GEMMA4 ? 512 : 0,
+    if (get_int(&c, root, "sliding_window",
+                A == KN_ARCH_GEMMA2 || A == KN_ARCH_GEMMA3 ? 4096 : A == KN_ARCH_GEMMA4 || A == KN_ARCH_GEMMA3N ? 512 : 0,
                 &cfg->sliding_window))
         goto fail;
     if (cfg->sliding_window < 0) cfg->sliding_window = 0;
@@ -702,6 +790,23 @@ kn_code kn_config_parse(const char *json, size_t len, const char *gen_json, size
         rc = kn_fail(err, KN_ERR_UNSUPPORTED, "%s: %d layers exceeds the supported %d", where, cfg->n_layers,
                      KN_MAX_LAYERS);
         goto done;
+    }
+    if (json_is_array(inter)) { /* gemma3n: one intermediate size per layer */
+        if (A != KN_ARCH_GEMMA3N || (int)json_array_size(inter) != cfg->n_layers) {
+            rc = kn_fail(err, KN_ERR_FORMAT, "%s: intermediate_size must be a number%s", where,
+                         A == KN_ARCH_GEMMA3N ? " or one per layer" : "");
+            goto done;
+        }
+        for (int i = 0; i < cfg->n_layers; i++) {
+            json_t *v = json_array_get(inter, (size_t)i);
+            json_int_t x = json_is_integer(v) ? json_integer_value(v) : 0;
+            if (x <= 0 || x > (1 << 24)) {
+                rc = kn_fail(err, KN_ERR_FORMAT, "%s: intermediate_size[%d] must be a positive integer", where, i);
+                goto done;
+            }
+            cfg->layer_inter[i] = (int)x;
+            if (x > cfg->intermediate_size) cfg->intermediate_size = (int)x;
+        }
     }
     if (cfg->n_kv_heads <= 0 || cfg->n_heads % cfg->n_kv_heads != 0) {
         rc = kn_fail(err, KN_ERR_FORMAT, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",

@@ -31,6 +31,7 @@ typedef enum {
     KN_ARCH_GLM4,
     KN_ARCH_SMOLLM3,
     KN_ARCH_GEMMA4, /* gemma4_text (and the text model inside a gemma4 checkpoint) */
+    KN_ARCH_GEMMA3N, /* gemma3n_text (and the text model inside a gemma3n checkpoint) */
     KN_ARCH_COUNT
 } kn_arch;
 
@@ -52,6 +53,7 @@ typedef struct {
     kn_rope_type type;
     double theta;
     double factor;
+    int has_factor; /* "factor" given (longrope otherwise uses max_position_embeddings / original) */
     double partial_rotary_factor;
     /* llama3 */
     double low_freq_factor, high_freq_factor;
@@ -85,6 +87,7 @@ typedef struct {
     int qk_norm;                  /* qwen3 */
     int fused_qkv, fused_gate_up; /* phi3 */
     int sliding_window;           /* 0 = none */
+    int sliding_kv_full;          /* set by callers, not config.json: 1 keeps sliding layers' whole K/V (no ring) */
     /* per-layer window: 1 if layer uses sliding_window (from layer_types /
      * use_sliding_window+max_window_layers / arch default) */
     uint8_t layer_sliding[KN_MAX_LAYERS];
@@ -119,6 +122,15 @@ typedef struct {
     int ple_dim, ple_vocab;   /* per-layer input embeddings (hidden_size_per_layer_input); 0 = none */
     int double_wide_mlp;      /* KV-shared layers have a 2x intermediate MLP */
     int moe_parallel;         /* MoE block beside the dense MLP (enable_moe_block) */
+    /* gemma3n (with n_kv_shared_layers, ple_dim, ple_vocab, v_norm above) */
+    int altup_inputs;         /* AltUp streams (altup_num_inputs, 2..8); 0 = no AltUp */
+    int altup_correct_scale;  /* scale the corrected active stream by correct_output_scale */
+    int laurel_rank;          /* Laurel low-rank residual width */
+    /* activation sparsity: gate values below mean + std * mult are zeroed
+     * (mult = standard normal quantile of activation_sparsity_pattern[l]) */
+    uint8_t layer_sparse[KN_MAX_LAYERS];
+    float layer_sparsity_mult[KN_MAX_LAYERS];
+    int layer_inter[KN_MAX_LAYERS]; /* per-layer intermediate size (list-valued intermediate_size); 0 = intermediate_size */
     /* multimodal wrapper (model_type gemma3 with text_config): what was used / ignored */
     char wrapper_type[32];
     char ignored_configs[128];

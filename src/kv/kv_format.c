@@ -55,21 +55,27 @@ void kn_kv_spec_layer(const kn_kv_spec *s, int l, int n_layers, int *k_fmt, int 
     else *k_fmt = s->k_fmt, *v_fmt = s->v_fmt;
 }
 
-kn_code kn_kv_spec_check(const kn_kv_spec *s, int n_layers, const int *head_dim, kn_error *err) {
-    for (int l = 0; l < n_layers; l++) {
+kn_code kn_kv_spec_check_ids(const kn_kv_spec *s, int n_layers, const int *ids, int model_layers, const int *head_dim,
+                             kn_error *err) {
+    for (int i = 0; i < n_layers; i++) {
+        const int l = ids ? ids[i] : i;
         int f[2];
-        kn_kv_spec_layer(s, l, n_layers, &f[0], &f[1]);
-        for (int i = 0; i < 2; i++) {
-            if (kn_kv_fmt_dim_ok(f[i], head_dim[l])) continue;
-            if (kn_kv_fmt_rotated(f[i]))
+        kn_kv_spec_layer(s, l, ids ? model_layers : n_layers, &f[0], &f[1]);
+        for (int j = 0; j < 2; j++) {
+            if (kn_kv_fmt_dim_ok(f[j], head_dim[i])) continue;
+            if (kn_kv_fmt_rotated(f[j]))
                 return kn_fail(err, KN_ERR_UNSUPPORTED,
                                "--kv %s: the rotated format %s needs head_dim 64, 128, 256 or 512, layer %d has %d "
-                               "(use q8 or fp8)", s->name, kn_kv_fmt_name(f[i]), l, head_dim[l]);
+                               "(use q8 or fp8)", s->name, kn_kv_fmt_name(f[j]), l, head_dim[i]);
             return kn_fail(err, KN_ERR_UNSUPPORTED, "--kv %s: format %s cannot store head_dim %d (layer %d)", s->name,
-                           kn_kv_fmt_name(f[i]), head_dim[l], l);
+                           kn_kv_fmt_name(f[j]), head_dim[i], l);
         }
     }
     return KN_OK;
+}
+
+kn_code kn_kv_spec_check(const kn_kv_spec *s, int n_layers, const int *head_dim, kn_error *err) {
+    return kn_kv_spec_check_ids(s, n_layers, NULL, n_layers, head_dim, err);
 }
 
 int64_t kn_kv_spec_bytes_per_token(const kn_kv_spec *s, int n_layers, const int *n_kv_heads, const int *head_dim) {

@@ -59,13 +59,16 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_
     *out = NULL;
     const int n_layers = pp->n_layers, block_size = pp->block_size;
     const int64_t n_blocks = pp->n_blocks;
-    if (n_layers <= 0 || block_size <= 0 || n_blocks <= 0 || n_blocks > INT32_MAX / block_size)
+    if (n_layers < 0 || block_size <= 0 || n_blocks <= 0 || n_blocks > INT32_MAX / block_size)
         return kn_fail(err, KN_ERR_INVALID_ARG, "kv pool: invalid geometry");
+    /* formats follow model layer positions (boundary layers) where the pool holds some of a model's layers */
+    const int model_layers = pp->layer_ids ? pp->model_layers : n_layers;
     for (int l = 0; l < n_layers; l++)
-        if (pp->n_kv_heads[l] <= 0 || pp->head_dim[l] <= 0)
+        if (pp->n_kv_heads[l] <= 0 || pp->head_dim[l] <= 0 ||
+            (pp->layer_ids && (pp->layer_ids[l] < 0 || pp->layer_ids[l] >= model_layers)))
             return kn_fail(err, KN_ERR_INVALID_ARG, "kv pool: invalid geometry of layer %d", l);
     kn_kv_spec spec = pp->spec ? *pp->spec : kn_kv_spec_default(KN_DT_F32);
-    kn_code rc = kn_kv_spec_check(&spec, n_layers, pp->head_dim, err);
+    kn_code rc = kn_kv_spec_check_ids(&spec, n_layers, pp->layer_ids, model_layers, pp->head_dim, err);
     if (rc) return rc;
     const int64_t n_stage = spec.kv_start > 0 ? pp->n_stage_blocks : 0;
     if (spec.kv_start > 0) {
@@ -79,13 +82,14 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_
     kn_kv_pool *p = calloc(1, sizeof *p);
     if (!p) return kn_fail(err, KN_ERR_NOMEM, "kv pool: out of memory");
     p->be = be;
-    p->n_layers = n_layers, p->n_kv_heads = pp->n_kv_heads[0], p->head_dim = pp->head_dim[0];
+    p->n_layers = n_layers;
+    p->n_kv_heads = n_layers ? pp->n_kv_heads[0] : 0, p->head_dim = n_layers ? pp->head_dim[0] : 0;
     p->block_size = block_size;
     p->n_blocks = n_blocks;
-    p->header = (kn_kv_header){.magic = KN_KV_MAGIC, .version = KN_KV_VERSION, .spec = spec, .n_layers = n_layers,
+    p->header = (kn_kv_header){.magic = KN_KV_MAGIC, .version = KN_KV_VERSION, .spec = spec, .n_layers = model_layers,
                                .block_size = block_size};
-    p->layers = calloc((size_t)n_layers, sizeof *p->layers);
-    p->tables = calloc((size_t)n_layers, sizeof *p->tables);
+    p->layers = calloc((size_t)(n_layers ? n_layers : 1), sizeof *p->layers);
+    p->tables = calloc((size_t)(n_layers ? n_layers : 1), sizeof *p->tables);
     p->free_list = malloc((size_t)n_blocks * sizeof *p->free_list);
     p->refcount = calloc((size_t)(n_blocks + n_stage), sizeof *p->refcount);
     p->n_stage_blocks = n_stage;
@@ -101,7 +105,7 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_
         kn_kv_layer *L = &p->layers[l];
         L->block_size = block_size, L->n_kv_heads = pp->n_kv_heads[l], L->head_dim = pp->head_dim[l];
         L->n_blocks = n_blocks;
-        kn_kv_spec_layer(&spec, l, n_layers, &L->k_fmt, &L->v_fmt);
+        kn_kv_spec_layer(&spec, pp->layer_ids ? pp->layer_ids[l] : l, model_layers, &L->k_fmt, &L->v_fmt);
         const size_t slots = (size_t)n_blocks * (size_t)block_size * (size_t)L->n_kv_heads;
         L->k = kn_be_alloc(be, slots * (size_t)kn_kv_row_bytes(L->k_fmt, L->head_dim));
         L->v = kn_be_alloc(be, slots * (size_t)kn_kv_row_bytes(L->v_fmt, L->head_dim));
@@ -140,8 +144,9 @@ oom:
 kn_code kn_kv_pool_create(kn_backend *be, int n_layers, int n_kv_heads, int head_dim, int block_size,
                           int64_t n_blocks, kn_kv_pool **out, kn_error *err) {
     *out = NULL;
-    if (n_layers <= 0 || n_layers > 4096) return kn_fail(err, KN_ERR_INVALID_ARG, "kv pool: invalid geometry");
-    int *geo = malloc(2 * (size_t)n_layers * sizeof *geo);
+    if (n_layers < 0 || n_layers > 4096 || n_kv_heads <= 0 || head_dim <= 0)
+        return kn_fail(err, KN_ERR_INVALID_ARG, "kv pool: invalid geometry");
+    int *geo = malloc((2 * (size_t)n_layers + 1) * sizeof *geo); /* n_layers 0: bookkeeping only */
     if (!geo) return kn_fail(err, KN_ERR_NOMEM, "kv pool: out of memory");
     for (int l = 0; l < n_layers; l++) geo[l] = n_kv_heads, geo[n_layers + l] = head_dim;
     kn_kv_pool_params pp = {.n_layers = n_layers, .block_size = block_size, .n_blocks = n_blocks,
@@ -168,6 +173,7 @@ void kn_kv_pool_destroy(kn_kv_pool *p) {
     free(p->layers);
     free(p->free_list);
     free(p->refcount);
+    kn_kv_pool_destroy(p->ring);
     free(p);
 }
 
@@ -179,6 +185,56 @@ static int grow(int32_t **arr, int *cap, int need) {
     if (!nb) return 0;
     *arr = nb, *cap = c;
     return 1;
+}
+
+kn_code kn_kv_pool_add_ring_ex(kn_kv_pool *p, const kn_kv_pool_params *pp, int ring_blocks, kn_error *err) {
+    if (p->ring || pp->n_layers <= 0 || pp->block_size != p->block_size || ring_blocks <= 0 || pp->n_blocks < ring_blocks)
+        return kn_fail(err, KN_ERR_INVALID_ARG, "kv ring: invalid geometry");
+    /* a staged sequence's positions below kv_start would have to live in a
+     * bf16 ring and be converted in place while the ring wraps: not supported */
+    if (p->header.spec.kv_start > 0 || (pp->spec && pp->spec->kv_start > 0))
+        return kn_fail(err, KN_ERR_UNSUPPORTED, "--kv-start (delayed KV conversion) is not supported for models with "
+                       "a sliding-window ring cache; convert on write (leave out --kv-start)");
+    kn_code rc = kn_kv_pool_create_ex(p->be, pp, &p->ring, err);
+    if (!rc) p->ring_blocks = ring_blocks;
+    return rc;
+}
+
+kn_code kn_kv_pool_add_ring(kn_kv_pool *p, int n_layers, int n_kv_heads, int head_dim, int ring_blocks,
+                            int64_t n_blocks, kn_error *err) {
+    if (n_layers <= 0 || n_layers > 4096) return kn_fail(err, KN_ERR_INVALID_ARG, "kv ring: invalid geometry");
+    int *geo = malloc(2 * (size_t)n_layers * sizeof *geo);
+    if (!geo) return kn_fail(err, KN_ERR_NOMEM, "kv ring: out of memory");
+    for (int l = 0; l < n_layers; l++) geo[l] = n_kv_heads, geo[n_layers + l] = head_dim;
+    kn_kv_pool_params pp = {.n_layers = n_layers, .block_size = p->block_size, .n_blocks = n_blocks,
+                            .n_kv_heads = geo, .head_dim = geo + n_layers};
+    kn_code rc = kn_kv_pool_add_ring_ex(p, &pp, ring_blocks, err);
+    free(geo);
+    return rc;
+}
+
+void kn_kv_seq_ring_table(const kn_kv_pool *p, const kn_kv_seq *s, int32_t *row) {
+    for (int i = 0; i < s->n_blocks; i++) row[i] = s->ring[i % p->ring_blocks];
+}
+
+/* K+V bytes of one position in this pool's own layers (its ring excluded):
+ * row bytes of each layer's formats (KV_FORMATS.md memory formula) */
+static int64_t own_bytes_per_token(const kn_kv_pool *p) {
+    int64_t b = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        const kn_kv_layer *L = &p->layers[l];
+        b += (int64_t)L->n_kv_heads * (kn_kv_row_bytes(L->k_fmt, L->head_dim) + kn_kv_row_bytes(L->v_fmt, L->head_dim));
+    }
+    return b;
+}
+
+int64_t kn_kv_seq_bytes(const kn_kv_pool *p, int64_t n_tokens) {
+    int64_t b = own_bytes_per_token(p) * n_tokens;
+    if (p->ring) {
+        int64_t cap = (int64_t)p->ring_blocks * p->block_size;
+        b += kn_kv_bytes_per_token(p->ring) * (n_tokens < cap ? n_tokens : cap);
+    }
+    return b;
 }
 
 kn_code kn_kv_seq_reserve(kn_kv_pool *p, kn_kv_seq *s, int n_positions, kn_error *err) {
@@ -195,6 +251,14 @@ kn_code kn_kv_seq_reserve(kn_kv_pool *p, kn_kv_seq *s, int n_positions, kn_error
     if (new_staged > p->n_stage_free)
         return kn_fail(err, KN_ERR_NOMEM, "kv staging area full (--kv-start): %d more blocks needed, %lld free",
                        new_staged, (long long)p->n_stage_free);
+    const int ring_need = p->ring ? (need < p->ring_blocks ? need : p->ring_blocks) : 0;
+    if (ring_need > s->n_ring) {
+        if (ring_need - s->n_ring > p->ring->n_free)
+            return kn_fail(err, KN_ERR_NOMEM, "kv cache full: %d more sliding-window blocks needed, %lld free",
+                           ring_need - s->n_ring, (long long)p->ring->n_free);
+        if (!s->ring && !(s->ring = malloc((size_t)p->ring_blocks * sizeof *s->ring)))
+            return kn_fail(err, KN_ERR_NOMEM, "kv cache: out of memory for the ring table");
+    }
     int shadow_cap = s->n_shadow; /* the shadow array is sized exactly by n_shadow growth below */
     if (!grow(&s->blocks, &s->cap, need) || (new_staged && !grow(&s->shadow, &shadow_cap, s->n_blocks + new_staged + 8)))
         return kn_fail(err, KN_ERR_NOMEM, "kv cache: out of memory for block table");
@@ -209,6 +273,11 @@ kn_code kn_kv_seq_reserve(kn_kv_pool *p, kn_kv_seq *s, int n_positions, kn_error
         }
         s->blocks[s->n_blocks++] = b;
     }
+    while (s->n_ring < ring_need) {
+        int32_t b = p->ring->free_list[--p->ring->n_free];
+        p->ring->refcount[b] = 1;
+        s->ring[s->n_ring++] = b;
+    }
     return KN_OK;
 }
 
@@ -219,6 +288,11 @@ void kn_kv_block_unref(kn_kv_pool *p, int32_t b) {
 }
 
 void kn_kv_seq_release(kn_kv_pool *p, kn_kv_seq *s) {
+    for (int i = s->n_ring - 1; i >= 0 && p->ring; i--) {
+        int32_t b = s->ring[i];
+        if (p->ring->refcount[b] && --p->ring->refcount[b] == 0) p->ring->free_list[p->ring->n_free++] = b;
+    }
+    free(s->ring);
     for (int i = s->n_blocks - 1; i >= 0; i--) kn_kv_block_unref(p, s->blocks[i]);
     for (int i = s->n_shadow - 1; i >= 0; i--) kn_kv_block_unref(p, s->shadow[i]);
     free(s->blocks);
@@ -254,10 +328,5 @@ kn_code kn_kv_seq_convert(kn_kv_pool *p, kn_kv_seq *s, kn_error *err) {
 }
 
 int64_t kn_kv_bytes_per_token(const kn_kv_pool *p) {
-    int64_t b = 0;
-    for (int l = 0; l < p->n_layers; l++) {
-        const kn_kv_layer *L = &p->layers[l];
-        b += (int64_t)L->n_kv_heads * (kn_kv_row_bytes(L->k_fmt, L->head_dim) + kn_kv_row_bytes(L->v_fmt, L->head_dim));
-    }
-    return b;
+    return own_bytes_per_token(p) + (p->ring ? own_bytes_per_token(p->ring) : 0);
 }

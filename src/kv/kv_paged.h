@@ -13,7 +13,19 @@
  * of base/kv_codec.h chosen by a kn_kv_spec (the cache header records it,
  * with the rotation's sign seed). Layers may differ (boundary layers of
  * presets under 4 bits stay bf16). Slots hold codes and their metadata
- * together, so moving or sharing a block stays a byte copy / refcount. */
+ * together, so moving or sharing a block stays a byte copy / refcount.
+ *
+ * Sliding-window ring: a model whose sliding-window layers need only the last
+ * `window` positions keeps those layers in a second, small pool (pool->ring)
+ * of the same block size. A sequence holds at most ring_blocks blocks there;
+ * logical block i (positions [i*bs, (i+1)*bs)) lives in ring block
+ * seq->ring[i % ring_blocks], so position p's ring slot is reused by position
+ * p + ring_blocks*bs. The attention kernels are unchanged: sliding layers get
+ * a block table whose entry i is seq->ring[i % ring_blocks] and read only
+ * [pos - window + 1, pos]. ring_blocks*bs >= window + max_chunk - 1 keeps
+ * every key a forward chunk reads intact until that chunk has read it. The
+ * main pool then holds only the full-attention layers (possibly none: a
+ * bookkeeping-only pool whose blocks still count positions). */
 #ifndef KN_KV_PAGED_H
 #define KN_KV_PAGED_H
 
@@ -46,6 +58,10 @@ kn_kv_spec kn_kv_spec_default(kn_dtype dt);
 void kn_kv_spec_layer(const kn_kv_spec *s, int l, int n_layers, int *k_fmt, int *v_fmt);
 /* Refuse head dims a layer's format cannot store (clear message). */
 kn_code kn_kv_spec_check(const kn_kv_spec *s, int n_layers, const int *head_dim, kn_error *err);
+/* The same for n_layers pool layers where layer l takes the formats of model
+ * layer ids[l] of model_layers (ids NULL: l of n_layers). */
+kn_code kn_kv_spec_check_ids(const kn_kv_spec *s, int n_layers, const int *ids, int model_layers, const int *head_dim,
+                             kn_error *err);
 /* Bytes of K+V per token over all layers: sum_l H_kv(l) * (B_K(l) + B_V(l)). */
 int64_t kn_kv_spec_bytes_per_token(const kn_kv_spec *s, int n_layers, const int *n_kv_heads, const int *head_dim);
 /* "k8v3 (K q8a, V tqv3; layers 0-1, 26-27 bf16; seed 0x...)" */
@@ -66,9 +82,14 @@ typedef struct {
     const int *n_kv_heads, *head_dim; /* [n_layers] */
     const kn_kv_spec *spec;           /* NULL: f32 everywhere */
     int64_t n_stage_blocks;           /* spec->kv_start > 0: bf16 staging blocks (max_seqs x kv_start / block_size) */
+    /* a pool holding some of a model's layers (full-attention or ring): the
+     * spec's boundary layers count model layers, so pool layer l takes the
+     * formats of model layer layer_ids[l] of model_layers (NULL / 0: l of n_layers) */
+    const int *layer_ids;
+    int model_layers;
 } kn_kv_pool_params;
 
-typedef struct {
+typedef struct kn_kv_pool {
     kn_backend *be;
     int n_layers, n_kv_heads, head_dim, block_size; /* n_kv_heads/head_dim: layer 0's */
     int64_t n_blocks;
@@ -82,6 +103,8 @@ typedef struct {
     int64_t n_stage_blocks, n_stage_free;
     int32_t *stage_free_list;
     int32_t *conv_host, *conv_dev; /* [2 * kv_start] slot pairs of one conversion (host, backend) */
+    struct kn_kv_pool *ring; /* sliding-window layers' pool, NULL when none (see above) */
+    int ring_blocks;         /* most ring blocks one sequence holds */
 } kn_kv_pool;
 
 typedef struct {
@@ -93,17 +116,31 @@ typedef struct {
     int32_t *shadow;
     int n_shadow;
     int converted_at; /* offset where the cache was converted (prefix reuse below it needs bf16); 0 = none */
+    int32_t *ring; /* [pool->ring_blocks] ring block ids (pool->ring), n_ring of them in use */
+    int n_ring;
 } kn_kv_seq;
 
-/* Uniform f32 pool (every layer n_kv_heads x head_dim). */
+/* Uniform f32 pool (every layer n_kv_heads x head_dim). n_layers may be 0:
+ * blocks then only count positions (all layers in the ring). */
 kn_code kn_kv_pool_create(kn_backend *be, int n_layers, int n_kv_heads, int head_dim, int block_size,
                           int64_t n_blocks, kn_kv_pool **out, kn_error *err);
-/* Pool with per-layer shapes and the formats of p->spec. */
+/* Pool with per-layer shapes and the formats of p->spec (n_layers may be 0, as above). */
 kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *p, kn_kv_pool **out, kn_error *err);
+/* Give pool a ring pool for p->n_layers (> 0) sliding-window layers, built
+ * as kn_kv_pool_create_ex builds a pool (per-layer shapes, the formats the
+ * spec gives those layers: quantized rings keep codes and metadata with their
+ * slot), p->n_blocks blocks of pool's block size, each sequence holding at
+ * most ring_blocks of them. Before any reserve. Delayed conversion
+ * (spec->kv_start > 0, in either pool) is refused with a ring. */
+kn_code kn_kv_pool_add_ring_ex(kn_kv_pool *pool, const kn_kv_pool_params *p, int ring_blocks, kn_error *err);
+/* The same with n_layers uniform f32 ring layers. */
+kn_code kn_kv_pool_add_ring(kn_kv_pool *pool, int n_layers, int n_kv_heads, int head_dim, int ring_blocks,
+                            int64_t n_blocks, kn_error *err);
 void kn_kv_pool_destroy(kn_kv_pool *pool);
 
-/* Make sure seq has blocks for positions [0, n_positions). Fails with
- * KN_ERR_NOMEM (nothing changed) when the pool has too few free blocks. */
+/* Make sure seq has blocks for positions [0, n_positions) (and its ring
+ * blocks, min(blocks, ring_blocks)). Fails with KN_ERR_NOMEM (nothing
+ * changed) when either pool has too few free blocks. */
 kn_code kn_kv_seq_reserve(kn_kv_pool *pool, kn_kv_seq *seq, int n_positions, kn_error *err);
 /* Return all of seq's blocks to the pool and reset it (safe to call twice). */
 void kn_kv_seq_release(kn_kv_pool *pool, kn_kv_seq *seq);
@@ -133,8 +170,21 @@ static inline int32_t kn_kv_seq_slot(const kn_kv_pool *pool, const kn_kv_seq *se
     return seq->blocks[pos / pool->block_size] * pool->block_size + pos % pool->block_size;
 }
 
+/* Slot of position pos in the ring pool's layers. */
+static inline int32_t kn_kv_seq_ring_slot(const kn_kv_pool *pool, const kn_kv_seq *seq, int pos) {
+    const int bs = pool->block_size;
+    return seq->ring[(pos / bs) % pool->ring_blocks] * bs + pos % bs;
+}
+
+/* Block table of seq for the ring layers: row[i] = ring[i % ring_blocks] for
+ * the seq's n_blocks logical blocks. */
+void kn_kv_seq_ring_table(const kn_kv_pool *pool, const kn_kv_seq *seq, int32_t *row);
+
 /* Bytes of K+V storage per token position over all layers (the formula
- * of kn_kv_spec_bytes_per_token for the pool's layers). */
+ * of kn_kv_spec_bytes_per_token for the pool's layers; ring layers
+ * included: the cost while a sequence is shorter than the ring). */
 int64_t kn_kv_bytes_per_token(const kn_kv_pool *pool);
+/* Bytes of K+V storage one sequence of n_tokens positions uses. */
+int64_t kn_kv_seq_bytes(const kn_kv_pool *pool, int64_t n_tokens);
 
 #endif

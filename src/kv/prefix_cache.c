@@ -136,8 +136,9 @@ int kn_prefix_cache_attach(kn_prefix_cache *c, kn_kv_seq *seq, const int32_t *to
     const int bs = c->pool->block_size;
     int n_full = n / bs, k = 0;
     /* delayed KV conversion: cached blocks would mix formats below kv_start
-     * (reuse there needs bf16 rows); no reuse */
-    if (n_full == 0 || seq->n_blocks != 0 || c->pool->header.spec.kv_start > 0) return 0;
+     * (reuse there needs bf16 rows); ring layers keep only the last window of
+     * a sequence: a cached prefix lacks their K/V. No reuse in either case. */
+    if (n_full == 0 || seq->n_blocks != 0 || c->pool->header.spec.kv_start > 0 || c->pool->ring) return 0;
     if (seq->cap < n_full) {
         int32_t *nb = realloc(seq->blocks, (size_t)n_full * sizeof *nb);
         if (!nb) return 0;
@@ -165,7 +166,7 @@ int kn_prefix_cache_attach(kn_prefix_cache *c, kn_kv_seq *seq, const int32_t *to
 
 void kn_prefix_cache_insert(kn_prefix_cache *c, const kn_kv_seq *seq, const int32_t *tokens, int n) {
     const int bs = c->pool->block_size;
-    if (c->pool->header.spec.kv_start > 0) return; /* see kn_prefix_cache_attach */
+    if (c->pool->header.spec.kv_start > 0 || c->pool->ring) return; /* see kn_prefix_cache_attach */
     int n_full = n / bs;
     if (n_full > seq->n_blocks) n_full = seq->n_blocks;
     uint64_t parent = 0;

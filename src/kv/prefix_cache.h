@@ -13,7 +13,8 @@
  * Invariants: (1) an entry's block has refcount >= 1 (the cache's own);
  * (2) a cached block is full and never written again: sequences only write
  * positions past the blocks they attached; (3) the table holds each hash at
- * most once. Not thread-safe: the engine thread owns it with the pool. */
+ * most once. A pool with a sliding-window ring (kv_paged.h) caches nothing:
+ * the ring layers keep only a sequence's last window. Not thread-safe: the engine thread owns it with the pool. */
 #ifndef KN_KV_PREFIX_CACHE_H
 #define KN_KV_PREFIX_CACHE_H
 

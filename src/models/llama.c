@@ -18,7 +18,11 @@
  * decide). gemma4 adds per-layer attention shapes (KV pool viewed per layer),
  * keys-as-values and value norms, KV-shared layers (attend to an earlier
  * layer's cache, write none), per-layer input embeddings and layer scalars.
- * Expert layers live in moe.c. */
+ * Expert layers live in moe.c; gemma3n's AltUp residual streams in gemma3n.c
+ * (reusing this file's attention and MLP). Sliding-window layers keep their
+ * K/V in a ring (kv_paged.h) where that is smaller than the context;
+ * length-dependent RoPE (dynamic, longrope) gets one frequency table per run
+ * of a sequence's tokens in each forward. */
 #include <math.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -27,6 +31,7 @@
 
 #include "models/loader.h"
 #include "models/model.h"
+#include "models/gemma3n.h"
 #include "models/moe.h"
 #include "models/rope.h"
 
@@ -180,7 +185,9 @@ static kn_code plan_layers(kn_model *m, kn_error *err) {
                 return kn_fail(err, KN_ERR_FORMAT, "layer %d shares K/V with layer %d of another shape", l, L->kv_source);
         }
         L->qkv_stride = L->kv_source == l ? L->q_dim + 2 * L->kv_dim : L->q_dim;
-        L->inter = c->intermediate_size * (c->double_wide_mlp && L->kv_source != l ? 2 : 1);
+        L->inter = (c->layer_inter[l] ? c->layer_inter[l] : c->intermediate_size) *
+                   (c->double_wide_mlp && L->kv_source != l ? 2 : 1);
+        L->sparse = c->layer_sparse[l], L->sparse_mult = c->layer_sparsity_mult[l];
         if (L->q_dim > m->q_dim) m->q_dim = L->q_dim;
         if (L->kv_dim > m->kv_dim) m->kv_dim = L->kv_dim;
         if (L->qkv_stride > m->qkv_dim) m->qkv_dim = L->qkv_stride;
@@ -192,6 +199,7 @@ static kn_code plan_layers(kn_model *m, kn_error *err) {
 
 static void free_model_memory(kn_model *m) {
     kn_backend *be = m->be;
+    kn_gemma3n_free(m); /* before the layers go */
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             kn_layer *L = &m->layers[l];
@@ -219,9 +227,12 @@ static void free_model_memory(kn_model *m) {
     float *scratch[] = {m->x,      m->xn,      m->qkv,         m->attn,   m->gu,          m->act,   m->tmp,
                         m->logits, m->router_logits, m->route_w, m->moe_scratch, m->tmp2, m->shared_g};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) kn_be_free(be, scratch[i]);
-    int32_t *idx[] = {m->d_tokens, m->d_pos, m->d_seq, m->d_slots, m->d_bt, m->d_rows, m->route_idx, m->d_argmax};
+    int32_t *idx[] = {m->d_tokens, m->d_pos,     m->d_seq,    m->d_slots,    m->d_bt,
+                      m->d_rows,   m->route_idx, m->d_argmax, m->d_bt_ring, m->d_slots_ring};
     for (size_t i = 0; i < sizeof idx / sizeof *idx; i++) kn_be_free(be, idx[i]);
-    free(m->h_bt);
+    free(m->h_bt), free(m->h_bt_ring);
+    kn_be_free(be, m->rope_runs);
+    free(m->h_rope_runs), free(m->run_t0), free(m->run_n), free(m->run_scale);
     kn_kv_pool_destroy(m->kv);
 }
 
@@ -242,7 +253,7 @@ static kn_code build_rope(kn_model *m, const kn_rope_config *r, int head_dim, kn
     /* proportional RoPE spans the whole head (its tail frequencies are 0) */
     int rot = r->type == KN_ROPE_PROPORTIONAL ? head_dim : (int)(head_dim * r->partial_rotary_factor);
     float inv_freq[512];
-    kn_code rc = kn_rope_frequencies(&tmp, rot, inv_freq, &out->attn_scale, err);
+    kn_code rc = kn_rope_frequencies(&tmp, rot, 0, inv_freq, &out->attn_scale, err);
     if (rc) return rc;
     float *d = kn_be_alloc(m->be, (size_t)(rot / 2) * sizeof(float));
     if (!d) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
@@ -253,29 +264,103 @@ static kn_code build_rope(kn_model *m, const kn_rope_config *r, int head_dim, kn
 }
 
 /* Memory planning: where the backend reports device memory, the KV pool
- * gets what is left of memory_fraction of the device once weights and
- * scratch are resident, capped at what max_seqs full-context sequences need.
- * Fewer blocks than one full-context sequence is an error naming the
- * numbers, never an out-of-memory crash later; requests beyond the pool are
- * refused by kn_kv_seq_reserve. */
-static kn_code plan_kv_blocks(kn_model *m, int64_t bytes_per_token, int64_t *blocks, kn_error *err) {
+ * gets what is left of memory_fraction of the device once weights, scratch
+ * and the sliding-window ring pool (ring_bytes, fixed) are resident, capped
+ * at what max_seqs full-context sequences need. Fewer blocks than one
+ * full-context sequence is an error naming the numbers, never an
+ * out-of-memory crash later; requests beyond the pool are refused by
+ * kn_kv_seq_reserve. block_bytes: K+V bytes of one block over the main
+ * pool's layers in their formats (KV_FORMATS.md memory formula; 0: all
+ * layers are in the ring). */
+static kn_code plan_kv_blocks(kn_model *m, double block_bytes, double ring_bytes, int64_t *blocks, kn_error *err) {
     kn_backend *be = m->be;
     if (!be->vt->memory_info) return KN_OK;
     size_t free_b = 0, total_b = 0;
     be->vt->memory_info(be, &free_b, &total_b);
     if (!total_b) return KN_OK;
     const double frac = be->memory_fraction > 0 ? be->memory_fraction : 0.9;
-    const double used = (double)(total_b - free_b), budget = frac * (double)total_b - used;
+    const double used = (double)(total_b - free_b), budget = frac * (double)total_b - used - ring_bytes;
     const double reserve = 256.0 * (1 << 20); /* cuBLAS workspace, attention scratch, graphs */
-    const double per_block = (double)KN_KV_BLOCK_SIZE * (double)bytes_per_token; /* KV_FORMATS.md memory formula */
-    const int64_t fit = budget > reserve ? (int64_t)((budget - reserve) / per_block) : 0;
+    const int64_t fit = budget <= reserve ? 0 : block_bytes > 0 ? (int64_t)((budget - reserve) / block_bytes) : *blocks;
     if (fit < m->max_blocks)
         return kn_fail(err, KN_ERR_NOMEM,
                        "KV cache: %.2f GiB of the device's %.1f GiB budget (--gpu-memory %.2f) is left after the "
-                       "weights, room for %lld tokens; context %d needs %lld (lower --ctx or raise --gpu-memory)",
+                       "weights%s, room for %lld tokens; context %d needs %lld (lower --ctx or raise --gpu-memory)",
                        budget > 0 ? budget / (1 << 30) : 0.0, frac * (double)total_b / (1 << 30), frac,
-                       (long long)fit * KN_KV_BLOCK_SIZE, m->max_context, (long long)m->max_blocks * KN_KV_BLOCK_SIZE);
+                       ring_bytes > 0 ? " and the sliding-window ring" : "", (long long)fit * KN_KV_BLOCK_SIZE,
+                       m->max_context, (long long)m->max_blocks * KN_KV_BLOCK_SIZE);
     if (*blocks > fit) *blocks = fit;
+    return KN_OK;
+}
+
+/* The KV pools: full-attention layers in m->kv, sliding-window layers in its
+ * ring (kv_paged.h) when a ring of window + max_chunk - 1 positions is
+ * smaller than the context. Only layers that own K/V get storage, each pool
+ * layer in its model layer's shape and in the formats spec gives that model
+ * layer (boundary layers count model layers); KV-shared layers view their
+ * source's. Delayed conversion (--kv-start) with a ring is refused. */
+static kn_code build_kv(kn_model *m, const kn_kv_spec *kv, kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    const int bs = KN_KV_BLOCK_SIZE, nl = c->n_layers;
+    const int ring_blocks = c->sliding_window > 0 ? (c->sliding_window + m->max_chunk - 1 + bs - 1) / bs : 0;
+    const int use_ring = !c->sliding_kv_full && ring_blocks > 0 && ring_blocks < m->max_blocks;
+    /* per pool p (0 main, 1 ring): model layer ids, heads, head dims of its layers, bytes per token */
+    int idx[KN_MAX_LAYERS], ids[2][KN_MAX_LAYERS], heads[2][KN_MAX_LAYERS], dims[2][KN_MAX_LAYERS], n_in[2] = {0, 0};
+    int64_t tok_bytes[2] = {0, 0};
+    /* compute dtype: the weights' (quantized: the checkpoint's torch_dtype, the dtype its scales came in) */
+    const kn_weight *w0 = &m->layers[0].qkv;
+    const kn_dtype cdt = !w0->bits ? w0->dtype : strstr(c->torch_dtype, "float32") ? KN_DT_F32 : KN_DT_BF16;
+    kn_kv_spec spec = kv ? *kv : kn_kv_spec_default(cdt);
+    if (spec.kv_start > 0 && spec.k_fmt == spec.boundary_fmt && spec.v_fmt == spec.boundary_fmt) spec.kv_start = 0;
+    if (spec.kv_start > m->max_context) spec.kv_start = 0; /* never reached: the cache stays bf16 */
+    for (int l = 0; l < nl; l++) {
+        kn_layer *L = &m->layers[l];
+        L->in_ring = use_ring && c->layer_sliding[l];
+        if (L->kv_source != l) continue;
+        const int p = L->in_ring, i = n_in[p]++;
+        int kf, vf;
+        kn_kv_spec_layer(&spec, l, nl, &kf, &vf);
+        ids[p][i] = l, heads[p][i] = L->n_kv_heads, dims[p][i] = L->head_dim;
+        tok_bytes[p] += (int64_t)L->n_kv_heads * (kn_kv_row_bytes(kf, L->head_dim) + kn_kv_row_bytes(vf, L->head_dim));
+        idx[l] = i;
+    }
+    int all_dims[KN_MAX_LAYERS]; /* every layer's head dim must suit its formats (as without a ring) */
+    for (int l = 0; l < nl; l++) all_dims[l] = m->layers[l].head_dim;
+    kn_code rc = kn_kv_spec_check(&spec, nl, all_dims, err);
+    if (rc) return rc;
+    if (n_in[1] && spec.kv_start > 0)
+        return kn_fail(err, KN_ERR_UNSUPPORTED,
+                       "--kv-start %d: delayed KV conversion is not supported for a model whose sliding-window layers "
+                       "keep a ring cache (window %d, context %d); leave out --kv-start (convert on write)",
+                       spec.kv_start, c->sliding_window, m->max_context);
+    const int64_t ring_pool_blocks = n_in[1] ? (int64_t)ring_blocks * m->max_seqs : 0;
+    const double ring_bytes = (double)ring_pool_blocks * bs * (double)tok_bytes[1];
+    int64_t kv_blocks = (int64_t)m->max_blocks * m->max_seqs;
+    rc = plan_kv_blocks(m, (double)bs * (double)tok_bytes[0], ring_bytes, &kv_blocks, err);
+    kn_kv_pool_params pp = {.n_layers = n_in[0], .block_size = bs, .n_blocks = kv_blocks, .n_kv_heads = heads[0],
+                            .head_dim = dims[0], .spec = &spec,
+                            .n_stage_blocks = (int64_t)m->max_seqs * (spec.kv_start / bs),
+                            .layer_ids = ids[0], .model_layers = nl};
+    if (!rc) rc = kn_kv_pool_create_ex(m->be, &pp, &m->kv, err);
+    if (!rc && n_in[1]) {
+        kn_kv_pool_params rp = {.n_layers = n_in[1], .block_size = bs, .n_blocks = ring_pool_blocks,
+                                .n_kv_heads = heads[1], .head_dim = dims[1], .spec = &spec,
+                                .layer_ids = ids[1], .model_layers = nl};
+        rc = kn_kv_pool_add_ring_ex(m->kv, &rp, ring_blocks, err);
+    }
+    if (rc) return rc;
+    for (int l = 0; l < nl; l++) { /* pool layers already have the layer's shape (KV-shared: the source's, the same) */
+        const kn_layer *L = &m->layers[l];
+        const kn_kv_pool *pool = L->in_ring ? m->kv->ring : m->kv;
+        m->kvl[l] = pool->layers[idx[L->kv_source]];
+    }
+    if (n_in[1]) {
+        const size_t bt = (size_t)m->max_seqs * (size_t)m->max_blocks * 4;
+        m->d_bt_ring = kn_be_alloc(m->be, bt), m->h_bt_ring = malloc(bt);
+        m->d_slots_ring = kn_be_alloc(m->be, (size_t)m->max_chunk * 4);
+        if (!m->d_bt_ring || !m->h_bt_ring || !m->d_slots_ring)
+            return kn_fail(err, KN_ERR_NOMEM, "out of memory for the sliding-window block tables");
+    }
     return KN_OK;
 }
 
@@ -307,7 +392,7 @@ kn_code kn_model_build_kv(const kn_model_config *cfg, const kn_tensor_source *sr
     m->kvl = calloc((size_t)c->n_layers, sizeof *m->kvl);
     if (!m->layers || !m->kvl) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto fail; }
     if ((rc = plan_layers(m, err))) goto fail;
-    if (c->ple_dim && c->ple_vocab < c->vocab_size) {
+    if (c->ple_dim && c->ple_vocab < c->vocab_size && c->arch != KN_ARCH_GEMMA3N) {
         rc = kn_fail(err, KN_ERR_UNSUPPORTED, "vocab_size_per_layer_input %d is smaller than vocab_size %d", c->ple_vocab,
                      c->vocab_size);
         goto fail;
@@ -322,6 +407,22 @@ kn_code kn_model_build_kv(const kn_model_config *cfg, const kn_tensor_source *sr
         int hd_global = c->head_dim, hd_local = c->head_dim; /* head dims of global / sliding layers */
         for (int l = 0; l < c->n_layers; l++) *(c->layer_sliding[l] ? &hd_local : &hd_global) = c->layer_head_dim[l];
         if ((rc = build_rope(m, &c->rope, hd_global, &m->rope, err))) goto fail;
+        if (kn_rope_length_dependent(&c->rope)) { /* per-call tables: one per run of a sequence's tokens */
+            if (c->has_local_rope) {
+                rc = kn_fail(err, KN_ERR_UNSUPPORTED, "length-dependent RoPE (dynamic / longrope) with per-layer-type "
+                             "RoPE is not supported");
+                goto fail;
+            }
+            const size_t half = (size_t)m->rope.rot_dim / 2;
+            m->rope_runs = kn_be_alloc(be, (size_t)MAX_CHUNK * half * sizeof(float));
+            m->h_rope_runs = malloc((size_t)MAX_CHUNK * half * sizeof(float));
+            m->run_t0 = malloc(MAX_CHUNK * sizeof(int)), m->run_n = malloc(MAX_CHUNK * sizeof(int));
+            m->run_scale = malloc(MAX_CHUNK * sizeof(float));
+            if (!m->rope_runs || !m->h_rope_runs || !m->run_t0 || !m->run_n || !m->run_scale) {
+                rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+        }
         if (c->has_local_rope && (rc = build_rope(m, &c->rope_local, hd_local, &m->rope_local, err))) goto fail;
     }
 
@@ -404,30 +505,8 @@ kn_code kn_model_build_kv(const kn_model_config *cfg, const kn_tensor_source *sr
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for activations");
         goto fail;
     }
-    {
-        /* one pool layer per model layer, in the layer's own shape and format */
-        int *geo = malloc(2 * (size_t)c->n_layers * sizeof *geo);
-        if (!geo) { rc = kn_fail(err, KN_ERR_NOMEM, "out of memory"); goto fail; }
-        for (int l = 0; l < c->n_layers; l++) geo[l] = m->layers[l].n_kv_heads, geo[c->n_layers + l] = m->layers[l].head_dim;
-        /* compute dtype: the weights' (quantized: the checkpoint's torch_dtype, the dtype its scales came in) */
-        const kn_weight *w0 = &m->layers[0].qkv;
-        const kn_dtype cdt = !w0->bits ? w0->dtype : strstr(c->torch_dtype, "float32") ? KN_DT_F32 : KN_DT_BF16;
-        kn_kv_spec spec = kv ? *kv : kn_kv_spec_default(cdt);
-        int64_t kv_blocks = (int64_t)m->max_blocks * max_seqs;
-        if (spec.kv_start > 0 && spec.k_fmt == spec.boundary_fmt && spec.v_fmt == spec.boundary_fmt) spec.kv_start = 0;
-        if (spec.kv_start > max_context) spec.kv_start = 0; /* never reached: the cache stays bf16 (refused below) */
-        kn_kv_pool_params pp = {.n_layers = c->n_layers, .block_size = KN_KV_BLOCK_SIZE, .n_blocks = kv_blocks,
-                                .n_kv_heads = geo, .head_dim = geo + c->n_layers, .spec = &spec,
-                                .n_stage_blocks = (int64_t)max_seqs * (spec.kv_start / KN_KV_BLOCK_SIZE)};
-        if (!(rc = kn_kv_spec_check(&spec, c->n_layers, pp.head_dim, err)) &&
-            !(rc = plan_kv_blocks(m, kn_kv_spec_bytes_per_token(&spec, c->n_layers, geo, geo + c->n_layers), &kv_blocks, err))) {
-            pp.n_blocks = kv_blocks;
-            rc = kn_kv_pool_create_ex(be, &pp, &m->kv, err);
-        }
-        free(geo);
-        if (rc) goto fail;
-        for (int l = 0; l < c->n_layers; l++) m->kvl[l] = m->kv->layers[l];
-    }
+    if (c->altup_inputs && (rc = kn_gemma3n_load(m, src, err))) goto fail;
+    if ((rc = build_kv(m, kv, err))) goto fail;
     char wdesc[48];
     if (m->embed.bits || m->layers[0].qkv.bits) {
         const kn_weight *qw = m->layers[0].qkv.bits ? &m->layers[0].qkv : &m->embed;
@@ -512,7 +591,7 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms
         return 0;
     }
     /* decode: RMSNorm, gate_up and SwiGLU as one kernel where the backend has it */
-    if (!(c->mlp_gated && c->act == KN_ACT_SILU && op->fused_matmul &&
+    if (!(!L->sparse && c->mlp_gated && c->act == KN_ACT_SILU && op->fused_matmul &&
           op->fused_matmul(be, xn, n, rms_w, (float)c->rms_norm_eps, &L->gate_up, L->gate_up_bias, m->act,
                            KN_EPI_SWIGLU))) {
         if (rms_w) {
@@ -520,6 +599,7 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms
             xn = m->xn;
         }
         op->matmul(be, xn, n, &L->gate_up, L->gate_up_bias, m->gu);
+        if (L->sparse) op->gaussian_topk(be, m->gu, 2 * (int64_t)I, n, I, L->sparse_mult); /* gemma3n */
         if (!c->mlp_gated)
             op->gelu(be, m->gu, (int64_t)n * I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
         else if (c->act == KN_ACT_SILU) op->swiglu(be, m->gu, n, I, m->act);
@@ -533,6 +613,78 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms
     return 0;
 }
 
+void kn_dec_ple_inputs(kn_model *m, const float *x, int n) {
+    const kn_model_config *c = &m->cfg;
+    kn_backend *be = m->be;
+    const kn_backend_vtbl *op = be->vt;
+    const int P = c->ple_dim, LP = c->n_layers * c->ple_dim, H = c->hidden_size;
+    /* per-layer inputs [n, L*P]: (norm(x W_p^T / sqrt(H)) + table[id] * sqrt(P)) / sqrt(2) */
+    op->embed(be, &m->ple_embed, m->d_ple_tokens ? m->d_ple_tokens : m->d_tokens, n, m->ple);
+    op->scale(be, m->ple, (int64_t)n * LP, (float)sqrt((double)P));
+    op->matmul(be, x, n, &m->ple_model_proj, NULL, m->ple_tmp);
+    op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow((double)H, -0.5));
+    op->rms_norm(be, m->ple_tmp, LP, m->ple_tmp, LP, n, c->n_layers, P, m->ple_proj_norm, (float)c->rms_norm_eps);
+    op->add(be, m->ple_tmp, m->ple, (int64_t)n * LP);
+    op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow(2.0, -0.5));
+}
+
+int kn_dec_mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *out, int may_fuse) {
+    return mlp(m, L, xn, NULL, n, out, may_fuse);
+}
+void kn_dec_norm_rows(kn_model *m, const float *x, float *out, int n, const float *w, const float *b) {
+    norm_rows(m, x, out, n, w, b);
+}
+void kn_dec_residual_add(kn_model *m, float *y, const float *post_norm, int n) { residual_add(m, y, post_norm, n); }
+
+/* Attention of layer l on in[n, H] (already pre-normed): q/k/v projection
+ * (in NULL: m->qkv holds it already, e.g. fused with the norm), q/k/v norms, RoPE, K/V written to the layer's cache (unless KV-shared),
+ * paged attention into m->attn [n, q_dim] (before o_proj). */
+void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
+    const kn_model_config *c = &m->cfg;
+    kn_backend *be = m->be;
+    const kn_backend_vtbl *op = be->vt;
+    const kn_layer *L = &m->layers[l];
+    const int n = b->n_tokens, hd = L->head_dim, qs = L->qkv_stride, shared = L->kv_source != l;
+    const float eps = (float)c->rms_norm_eps;
+    if (in) op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
+    float *q = m->qkv, *k = m->qkv + L->q_dim, *v = k + L->kv_dim;
+    if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
+        op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
+        if (!shared) op->rms_norm(be, k, qs, k, qs, n, L->n_kv_heads, hd, L->k_norm, eps);
+    } else if (c->qk_norm_kind == KN_QK_NORM_FULL) {
+        op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
+        op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
+    }
+    if (c->v_norm && !shared) op->rms_norm(be, v, qs, v, qs, n, L->n_kv_heads, hd, m->ones, eps);
+    if (c->layer_rope[l] && m->rope_runs) { /* length-dependent RoPE: each run of tokens with its sequence's table */
+        const int half = m->rope.rot_dim / 2;
+        for (int r = 0; r < m->n_runs; r++) {
+            const kn_rope_table rt = {m->rope.rot_dim, m->run_scale[r], m->rope_runs + (size_t)r * half};
+            const int t0 = m->run_t0[r];
+            op->rope(be, q + (int64_t)t0 * qs, qs, m->run_n[r], c->n_heads, hd, m->d_pos + t0, &rt);
+            if (!shared) op->rope(be, k + (int64_t)t0 * qs, qs, m->run_n[r], L->n_kv_heads, hd, m->d_pos + t0, &rt);
+        }
+    } else if (c->layer_rope[l]) {
+        const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
+        if (!shared && L->q_dim == c->n_heads * hd) /* k's heads follow q's: one pass rotates both */
+            op->rope(be, q, qs, n, c->n_heads + L->n_kv_heads, hd, m->d_pos, rt);
+        else {
+            op->rope(be, q, qs, n, c->n_heads, hd, m->d_pos, rt);
+            if (!shared) op->rope(be, k, qs, n, L->n_kv_heads, hd, m->d_pos, rt);
+        }
+    }
+    if (!shared) op->kv_write(be, &m->kvl[l], k, v, qs, n, L->in_ring ? m->d_slots_ring : m->d_slots);
+    kn_attention_args a = {
+        .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
+        .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
+        .pos = m->d_pos, .seq = m->d_seq, .block_tables = L->in_ring ? m->d_bt_ring : m->d_bt,
+        .max_blocks = m->max_blocks,
+        .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
+        .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
+    };
+    op->attention(be, &a);
+}
+
 /* Enqueue the whole forward of batch b (index arrays already uploaded);
  * logits_host NULL leaves the (single) logits chunk on the backend. */
 static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) {
@@ -541,22 +693,16 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
     const int n = b->n_tokens, H = c->hidden_size;
     const kn_backend_vtbl *op = be->vt;
     const float eps = (float)c->rms_norm_eps;
+    const int P = c->ple_dim, LP = c->n_layers * c->ple_dim;
+    if (c->altup_inputs) { /* gemma3n: its own residual streams (gemma3n.c), final hidden state in m->x */
+        kn_gemma3n_forward(m, b);
+        goto logits;
+    }
     op->embed(be, &m->embed, m->d_tokens, n, m->x);
     if (c->embed_scale != 1.0) op->scale(be, m->x, (int64_t)n * H, (float)c->embed_scale);
-    const int P = c->ple_dim, LP = c->n_layers * c->ple_dim;
-    if (P) {
-        /* gemma4 per-layer inputs [n, L*P]: (norm(x W_p^T / sqrt(H)) + table[id] * sqrt(P)) / sqrt(2) */
-        op->embed(be, &m->ple_embed, m->d_tokens, n, m->ple);
-        op->scale(be, m->ple, (int64_t)n * LP, (float)sqrt((double)P));
-        op->matmul(be, m->x, n, &m->ple_model_proj, NULL, m->ple_tmp);
-        op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow((double)H, -0.5));
-        op->rms_norm(be, m->ple_tmp, LP, m->ple_tmp, LP, n, c->n_layers, P, m->ple_proj_norm, eps);
-        op->add(be, m->ple_tmp, m->ple, (int64_t)n * LP);
-        op->scale(be, m->ple_tmp, (int64_t)n * LP, (float)pow(2.0, -0.5));
-    }
+    if (P) kn_dec_ple_inputs(m, m->x, n);
     for (int l = 0; l < c->n_layers; l++) {
         const kn_layer *L = &m->layers[l];
-        const int hd = L->head_dim, qs = L->qkv_stride, shared = L->kv_source != l;
         /* attention */
         const float *in = m->x;
         /* decode: RMSNorm and the qkv projection as one kernel where the backend has it */
@@ -568,33 +714,7 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
             }
             op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
         }
-        float *q = m->qkv, *k = m->qkv + L->q_dim, *v = k + L->kv_dim;
-        if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
-            op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
-            if (!shared) op->rms_norm(be, k, qs, k, qs, n, L->n_kv_heads, hd, L->k_norm, eps);
-        } else if (c->qk_norm_kind == KN_QK_NORM_FULL) {
-            op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
-            op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
-        }
-        if (c->v_norm && !shared) op->rms_norm(be, v, qs, v, qs, n, L->n_kv_heads, hd, m->ones, eps);
-        if (c->layer_rope[l]) {
-            const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
-            if (!shared && L->q_dim == c->n_heads * hd) /* k's heads follow q's: one pass rotates both */
-                op->rope(be, q, qs, n, c->n_heads + L->n_kv_heads, hd, m->d_pos, rt);
-            else {
-                op->rope(be, q, qs, n, c->n_heads, hd, m->d_pos, rt);
-                if (!shared) op->rope(be, k, qs, n, L->n_kv_heads, hd, m->d_pos, rt);
-            }
-        }
-        if (!shared) op->kv_write(be, &m->kvl[l], k, v, qs, n, m->d_slots);
-        kn_attention_args a = {
-            .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
-            .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
-            .pos = m->d_pos, .seq = m->d_seq, .block_tables = m->d_bt, .max_blocks = m->max_blocks,
-            .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
-            .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
-        };
-        op->attention(be, &a);
+        kn_dec_attention(m, b, l, NULL); /* m->qkv holds the projection */
         project_residual(m, m->attn, n, &L->o, L->o_bias, L->post_attn_norm);
         /* feed-forward */
         in = m->x;
@@ -624,6 +744,7 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
         }
         if (L->layer_scalar != 1.0f) op->scale(be, m->x, (int64_t)n * H, L->layer_scalar);
     }
+logits:
     /* logits for the requested rows, a few rows at a time */
     for (int r0 = 0; r0 < b->n_logits; r0 += m->logits_rows) {
         int nr = b->n_logits - r0 < m->logits_rows ? b->n_logits - r0 : m->logits_rows;
@@ -665,7 +786,8 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
         kn_code rc;
         if (lo >= start && hi >= 0 && (rc = kn_kv_seq_convert(m->kv, sq, err))) return rc;
     }
-    int32_t slots[MAX_CHUNK];
+    int32_t slots[MAX_CHUNK], ring_slots[MAX_CHUNK];
+    const kn_kv_pool *ring = m->kv->ring;
     for (int t = 0; t < n; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= c->vocab_size)
             return kn_fail(err, KN_ERR_INVALID_ARG, "token id %d is outside the vocabulary (0..%d)", b->tokens[t],
@@ -675,6 +797,30 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
             return kn_fail(err, KN_ERR_INVALID_ARG, "position %d has no reserved KV block (context %d)", b->pos[t],
                            m->max_context);
         slots[t] = kn_kv_seq_slot(m->kv, s, b->pos[t]);
+        if (ring) {
+            if (s->n_ring < (s->n_blocks < m->kv->ring_blocks ? s->n_blocks : m->kv->ring_blocks))
+                return kn_fail(err, KN_ERR_INVALID_ARG, "sequence has no reserved sliding-window blocks");
+            ring_slots[t] = kn_kv_seq_ring_slot(m->kv, s, b->pos[t]);
+        }
+    }
+    if (m->rope_runs) { /* RoPE frequencies of each sequence for this call's length (its largest position + 1) */
+        const int half = m->rope.rot_dim / 2;
+        m->n_runs = 0;
+        for (int t = 0; t < n; t++) {
+            if (t > 0 && b->seq[t] == b->seq[t - 1]) {
+                m->run_n[m->n_runs - 1]++;
+                continue;
+            }
+            const int r = m->n_runs++;
+            m->run_t0[r] = t, m->run_n[r] = 1;
+            int len = b->rope_len ? b->rope_len[b->seq[t]] : 0; /* else its largest position in this call + 1 */
+            for (int u = 0; u < n; u++)
+                if (b->seq[u] == b->seq[t] && b->pos[u] + 1 > len) len = b->pos[u] + 1;
+            kn_code rc = kn_rope_frequencies(c, m->rope.rot_dim, len, m->h_rope_runs + (size_t)r * half,
+                                             &m->run_scale[r], err);
+            if (rc) return rc;
+        }
+        kn_be_upload(be, m->rope_runs, m->h_rope_runs, (size_t)m->n_runs * half * sizeof(float));
     }
     /* block tables, one row per sequence */
     int32_t *bt_host = m->h_bt;
@@ -682,7 +828,18 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     for (int s = 0; s < b->n_seqs; s++)
         memcpy(bt_host + (size_t)s * m->max_blocks, b->seqs[s]->blocks, (size_t)b->seqs[s]->n_blocks * 4);
     kn_be_upload(be, m->d_bt, bt_host, (size_t)b->n_seqs * (size_t)m->max_blocks * 4);
+    if (ring) {
+        memset(m->h_bt_ring, 0, (size_t)b->n_seqs * (size_t)m->max_blocks * sizeof(int32_t));
+        for (int s = 0; s < b->n_seqs; s++) kn_kv_seq_ring_table(m->kv, b->seqs[s], m->h_bt_ring + (size_t)s * m->max_blocks);
+        kn_be_upload(be, m->d_bt_ring, m->h_bt_ring, (size_t)b->n_seqs * (size_t)m->max_blocks * 4);
+        kn_be_upload(be, m->d_slots_ring, ring_slots, (size_t)n * 4);
+    }
     kn_be_upload(be, m->d_tokens, b->tokens, (size_t)n * 4);
+    if (m->d_ple_tokens) { /* gemma3n: ids past the per-layer table use its row 0 (as Gemma3nModel does) */
+        int32_t ple_ids[MAX_CHUNK];
+        for (int t = 0; t < n; t++) ple_ids[t] = b->tokens[t] < c->ple_vocab ? b->tokens[t] : 0;
+        kn_be_upload(be, m->d_ple_tokens, ple_ids, (size_t)n * 4);
+    }
     kn_be_upload(be, m->d_pos, b->pos, (size_t)n * 4);
     kn_be_upload(be, m->d_seq, b->seq, (size_t)n * 4);
     kn_be_upload(be, m->d_slots, slots, (size_t)n * 4);
@@ -694,7 +851,7 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
      * backend supports it. */
     const kn_backend_vtbl *op = be->vt;
     uint64_t key = 0;
-    if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows) {
+    if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows && (!m->rope_runs || m->n_runs == n)) {
         int max_pos = 0;
         for (int t = 0; t < n; t++) max_pos = b->pos[t] > max_pos ? b->pos[t] : max_pos;
         key = ((uint64_t)kn_ctx_bucket(max_pos) << 42) | ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) |

@@ -2,6 +2,7 @@
  * describe it, teacher-forced logits. Architecture specifics live in the
  * family files (llama.c); this file only wires config + weights + backend. */
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,6 +102,8 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
     }
     be->memory_fraction = o.gpu_memory;
     int ctx = o.max_context > 0 ? o.max_context : cfg.max_position_embeddings;
+    if (o.max_context <= 0 && cfg.rope.type == KN_ROPE_DYNAMIC && cfg.rope.factor > 1.0) /* NTK scaling extends it */
+        ctx = (int)fmin(16384.0, cfg.max_position_embeddings * cfg.rope.factor);
     if (o.max_context <= 0 && ctx > 16384) ctx = 16384;
     if (be->max_positions > 0 && ctx > be->max_positions) {
         if (o.max_context > 0) {
@@ -165,8 +168,9 @@ kn_code kn_model_logits(kn_model *m, const int32_t *ids, int n_ids, float *out, 
     for (int c0 = 0, n = 0; !rc && c0 < n_ids; c0 += n) {
         n = kn_kv_max_append(m->kv, &seq, c0, n_ids - c0 < m->max_chunk ? n_ids - c0 : m->max_chunk);
         for (int i = 0; i < n; i++) pos[i] = c0 + i, rows[i] = i;
+        const int32_t rope_len = n_ids; /* one transformers forward over all ids */
         kn_batch b = {.n_tokens = n, .tokens = ids + c0, .pos = pos, .seq = sidx, .n_seqs = 1, .seqs = seqs,
-                      .n_logits = n, .logit_rows = rows};
+                      .n_logits = n, .logit_rows = rows, .rope_len = &rope_len};
         rc = kn_model_forward(m, &b, out + (size_t)c0 * m->cfg.vocab_size, err);
         seq.n_tokens = c0 + n;
     }

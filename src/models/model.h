@@ -31,12 +31,20 @@ typedef struct {
      * (q|k|v, or q alone for a KV-shared layer) */
     int head_dim, n_kv_heads, q_dim, kv_dim, qkv_stride, inter;
     int kv_source; /* layer whose K/V this layer attends to (itself unless KV-shared) */
+    int in_ring;   /* its K/V (its source's) live in the sliding-window ring pool (kv_paged.h) */
     /* gemma4 */
     float layer_scalar;                        /* multiplies the layer output (1 = none) */
     kn_weight ple_gate, ple_proj;              /* per-layer input: [P, H], [H, P] */
     float *ple_norm;                           /* [H] post_per_layer_input_norm */
     float *router_norm_w, *expert_scale;       /* [H] router.scale / sqrt(H), [E] per_expert_scale */
     float *moe_pre_norm, *moe_post_norm1, *moe_post_norm2; /* [H] */
+    /* gemma3n (gemma3n.c): AltUp router [K, H], prediction [K*K, K] and
+     * correction [K, K] coefficients, router norm and corrected-output scale
+     * [H]; Laurel left [R, H], right [H, R], norm [H]; activation sparsity */
+    kn_weight alt_router, alt_pred, alt_corr, laurel_l, laurel_r;
+    float *alt_router_norm, *alt_out_scale, *laurel_norm;
+    int sparse;         /* gaussian top-k on the MLP gate */
+    float sparse_mult;  /* its standard-normal quantile */
 } kn_layer;
 
 /* One forward call: n_tokens tokens; token t belongs to sequence seq[t] (an
@@ -52,6 +60,11 @@ typedef struct {
     /* optional: greedy ids of the logit rows, computed on the backend (only
      * n_logits int32 cross to the host; the logits argument may be NULL) */
     int32_t *argmax;
+    /* optional [n_seqs]: the sequence length that length-dependent RoPE
+     * (dynamic, longrope) scales for, e.g. the whole prompt's while it is
+     * prefilled in chunks (transformers runs it as one forward); NULL or 0 =
+     * the sequence's largest position in this batch + 1 */
+    const int32_t *rope_len;
 } kn_batch;
 
 struct kn_model {
@@ -65,9 +78,20 @@ struct kn_model {
     float *ple_proj_norm;
     float *ple, *ple_tmp, *ple_g; /* scratch [T, L*P], [T, L*P], [T, P] */
     float *ones;                  /* [max head_dim] weight of the scale-free value norm */
+    int32_t *d_ple_tokens;        /* gemma3n: token ids for the per-layer table (ids past its vocab -> 0); NULL = d_tokens */
+    /* gemma3n AltUp: stream projections [K-1] of [H, H]; scratch: streams and
+     * predictions [K, max_chunk, H], coefficients [T, K*K], router [T, K],
+     * Laurel [T, R] and [T, H] */
+    kn_weight *alt_proj, *alt_unembed;
+    float *alt_s, *alt_p, *alt_w, *alt_mod, *laurel_t, *laurel_o;
     kn_kv_layer *kvl;             /* [n_layers] per-layer views of the KV pool with the layer's shape */
     kn_layer *layers;
     kn_rope_table rope, rope_local; /* rope_local: sliding layers of gemma3 (else unused) */
+    /* length-dependent RoPE (dynamic, longrope): per forward call, one table
+     * per run of consecutive tokens of one sequence, for that sequence's
+     * length in the call (NULL otherwise) */
+    float *rope_runs, *h_rope_runs, *run_scale; /* [max_chunk, rot/2] backend + host staging; [max_chunk] */
+    int *run_t0, *run_n, n_runs;
     int q_dim, kv_dim, qkv_dim; /* widest of any layer (scratch sizing) */
     int max_head_dim;
     int max_context, max_chunk, max_seqs;
@@ -82,6 +106,7 @@ struct kn_model {
     int logits_rows; /* rows of the logits scratch */
     int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows, *d_argmax;
     int32_t *h_bt; /* host staging for block tables [max_seqs, max_blocks] */
+    int32_t *d_bt_ring, *d_slots_ring, *h_bt_ring; /* the ring layers' block tables and slots (NULL: no ring) */
     int max_blocks;
     char desc[320];
     char notes[512]; /* what of the checkpoint is used / ignored (multimodal wrappers); "" when all is used */
@@ -121,6 +146,14 @@ void kn_model_free_internal(kn_model *m);
  * or when b->argmax asks for greedy ids instead.
  * The caller must have reserved KV blocks for every (seq, pos) in the batch. */
 kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err);
+
+/* Pieces of the shared decoder (llama.c) that family-specific forwards
+ * (gemma3n.c) reuse; batch index arrays already uploaded. */
+void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in); /* -> m->attn (in NULL: m->qkv set) */
+int kn_dec_mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *out, int may_fuse);
+void kn_dec_norm_rows(kn_model *m, const float *x, float *out, int n, const float *w, const float *b);
+void kn_dec_residual_add(kn_model *m, float *y, const float *post_norm, int n);
+void kn_dec_ple_inputs(kn_model *m, const float *x, int n); /* per-layer inputs of rows x into m->ple_tmp */
 
 /* Total bytes of weights read by one decode step. */
 int64_t kn_model_weight_bytes(const kn_model *m);

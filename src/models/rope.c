@@ -10,12 +10,27 @@ static double yarn_correction_dim(double n_rot, int dim, double base, double max
     return (dim * log(max_pos / (n_rot * 2.0 * M_PI))) / (2.0 * log(base));
 }
 
-kn_code kn_rope_frequencies(const kn_model_config *cfg, int rot_dim, float *inv_freq, float *attn_scale,
+int kn_rope_length_dependent(const kn_rope_config *r) {
+    return r->type == KN_ROPE_DYNAMIC || r->type == KN_ROPE_LONGROPE;
+}
+
+kn_code kn_rope_frequencies(const kn_model_config *cfg, int rot_dim, int seq_len, float *inv_freq, float *attn_scale,
                             kn_error *err) {
     const kn_rope_config *r = &cfg->rope;
     const int half = rot_dim / 2;
-    const double base = r->theta;
+    double base = r->theta;
     *attn_scale = 1.0f;
+    if (half > 256) return kn_fail(err, KN_ERR_UNSUPPORTED, "rotary dimension %d is larger than 512", rot_dim);
+    if (r->type == KN_ROPE_DYNAMIC) {
+        /* transformers' _compute_dynamic_ntk_parameters with seq_len a tensor
+         * (float32 arithmetic): base * ((factor * L / max) - (factor - 1)) ** (dim / (dim - 2)) */
+        const int max_pos = cfg->max_position_embeddings;
+        const int L = seq_len > max_pos ? seq_len : max_pos;
+        if (L > max_pos) {
+            float t = (float)r->factor * (float)L / (float)max_pos - (float)(r->factor - 1.0);
+            base = (float)((float)base * powf(t, (float)rot_dim / (float)(rot_dim - 2)));
+        }
+    }
     double f[512];
     for (int i = 0; i < half; i++) {
         /* transformers: 1 / base ** (arange(0, dim, 2).float() / dim), in float32 */
@@ -74,11 +89,22 @@ kn_code kn_rope_frequencies(const kn_model_config *cfg, int rot_dim, float *inv_
         for (int i = 0; i < half; i++) f[i] = i < angles ? f[i] / r->factor : 0.0;
         break;
     }
-    case KN_ROPE_DYNAMIC:
-    case KN_ROPE_LONGROPE:
-        return kn_fail(err, KN_ERR_UNSUPPORTED,
-                       "rope type %s is not supported yet (its frequencies change with sequence length)",
-                       r->type == KN_ROPE_DYNAMIC ? "dynamic" : "longrope");
+    case KN_ROPE_DYNAMIC: break; /* base rescaled above */
+    case KN_ROPE_LONGROPE: {
+        const int orig = r->original_max_position_embeddings;
+        if (orig <= 0) return kn_fail(err, KN_ERR_FORMAT, "longrope needs original_max_position_embeddings");
+        if (r->n_long_factor != half || r->n_short_factor != half)
+            return kn_fail(err, KN_ERR_FORMAT, "longrope: long_factor / short_factor have %d / %d entries, the rotary "
+                           "dimension %d needs %d", r->n_long_factor, r->n_short_factor, rot_dim, half);
+        double factor = r->has_factor ? r->factor : (double)cfg->max_position_embeddings / orig;
+        double af = r->has_attention_factor ? r->attention_factor
+                    : factor <= 1.0           ? 1.0
+                                              : sqrt(1.0 + log(factor) / log((double)orig));
+        const double *ext = seq_len > orig ? r->long_factor : r->short_factor;
+        for (int i = 0; i < half; i++) f[i] /= (float)ext[i];
+        *attn_scale = (float)af;
+        break;
+    }
     }
     for (int i = 0; i < half; i++) inv_freq[i] = (float)f[i];
     return KN_OK;

@@ -462,6 +462,9 @@ static const kn_backend_vtbl cpu_vtbl = {
     .mul_rows = kn_cpu_mul_rows,
     .weight_load_quant = kn_cpu_weight_load_quant,
     .kv_convert = kn_cpu_kv_convert,
+    .stream_mix = kn_cpu_stream_mix,
+    .rms_match = kn_cpu_rms_match,
+    .gaussian_topk = kn_cpu_gaussian_topk,
 };
 
 /* Attention scratch holds one score row per thread; sized for the longest

@@ -162,3 +162,52 @@ void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
         }
     }
 }
+
+/* ---- gemma3n ---- */
+
+void kn_cpu_stream_mix(kn_backend *be, const float *src, int n_src, const float *base, float *out, int n_out,
+                       int64_t stream_stride, const float *w, float w_add, int rows, int dim) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if ((int64_t)rows * dim * n_out * n_src >= 65536)
+    for (int t = 0; t < rows; t++)
+        for (int c = 0; c < n_out; c++) {
+            float coef[16];
+            for (int a = 0; a < n_src && a < 16; a++)
+                coef[a] = (w ? w[((int64_t)t * n_out + c) * n_src + a] : 0.0f) + w_add;
+            float *o = out + c * stream_stride + (int64_t)t * dim;
+            const float *bs = base ? base + c * stream_stride + (int64_t)t * dim : NULL;
+            for (int j = 0; j < dim; j++) {
+                float acc = 0.0f;
+                for (int a = 0; a < n_src && a < 16; a++) acc += coef[a] * src[a * stream_stride + (int64_t)t * dim + j];
+                o[j] = bs ? acc + bs[j] : acc;
+            }
+        }
+}
+
+void kn_cpu_rms_match(kn_backend *be, float *x, const float *ref, int rows, int dim, float floor) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if ((int64_t)rows * dim >= 65536)
+    for (int r = 0; r < rows; r++) {
+        float *xr = x + (int64_t)r * dim;
+        const float *rr = ref + (int64_t)r * dim;
+        double sx = 0, sr = 0;
+        for (int j = 0; j < dim; j++) sx += (double)xr[j] * xr[j], sr += (double)rr[j] * rr[j];
+        float target = (float)sqrt(sr / dim), mx = (float)(sx / dim);
+        float mag = sqrtf(mx > floor ? mx : floor);
+        for (int j = 0; j < dim; j++) xr[j] = xr[j] * target / mag;
+    }
+}
+
+void kn_cpu_gaussian_topk(kn_backend *be, float *x, int64_t x_stride, int rows, int dim, float mult) {
+#pragma omp parallel for num_threads(be->n_threads) schedule(static) if ((int64_t)rows * dim >= 65536)
+    for (int r = 0; r < rows; r++) {
+        float *xr = x + r * x_stride;
+        double s = 0, ss = 0;
+        for (int j = 0; j < dim; j++) s += xr[j];
+        const double mean = s / dim;
+        for (int j = 0; j < dim; j++) ss += (xr[j] - mean) * (xr[j] - mean);
+        const float cut = (float)mean + (float)sqrt(ss / dim) * mult;
+        for (int j = 0; j < dim; j++) {
+            float v = xr[j] - cut;
+            xr[j] = v > 0.0f ? v : 0.0f;
+        }
+    }
+}

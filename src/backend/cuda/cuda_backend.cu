@@ -26,6 +26,10 @@ extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *
 extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
                                   const float *expert_scale, int32_t *idx, float *w);
 extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
+extern "C" void kn_cuda_stream_mix(kn_backend *be, const float *src, int n_src, const float *base, float *out, int n_out,
+                                   int64_t stream_stride, const float *w, float w_add, int rows, int dim);
+extern "C" void kn_cuda_rms_match(kn_backend *be, float *x, const float *ref, int rows, int dim, float floor);
+extern "C" void kn_cuda_gaussian_topk(kn_backend *be, float *x, int64_t x_stride, int rows, int dim, float mult);
 extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
 
 typedef kn_cuda_backend cuda_backend;
@@ -538,6 +542,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     kn_cuda_weight_load_quant, /* cuda_quant.cu */
     cu_fused_matmul,
     NULL,                      /* kv_convert: delayed KV conversion is CPU-only so far */
+    kn_cuda_stream_mix, kn_cuda_rms_match, kn_cuda_gaussian_topk, /* cuda_ops_models.cu (gemma3n) */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

@@ -336,3 +336,82 @@ extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a) {
     moe_rows(S, g2, warps * 32, A, I, 1, a->down, I, D, a->idx, Y);
     k_moe_combine<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, a->w, n, k, D, a->out);
 }
+
+/* ---- gemma3n: AltUp stream mixing, magnitude matching, gaussian top-k ---- */
+
+__global__ void k_stream_mix(const float *src, int n_src, const float *base, float *out, int n_out, int64_t ss,
+                             const float *w, float w_add, int rows, int dim) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)rows * dim * n_out) return;
+    const int c = (int)(i / ((int64_t)rows * dim));
+    const int64_t td = i % ((int64_t)rows * dim), t = td / dim;
+    float acc = 0.0f;
+    for (int a = 0; a < n_src && a < 16; a++)
+        acc += ((w ? w[(t * n_out + c) * n_src + a] : 0.0f) + w_add) * src[a * ss + td];
+    out[c * ss + td] = base ? acc + base[c * ss + td] : acc;
+}
+
+/* one block per row: sums of squares of x and ref (double), then the rescale */
+__global__ void k_rms_match(float *x, const float *ref, int dim, float floor) {
+    __shared__ double sx[256], sr[256];
+    float *xr = x + (int64_t)blockIdx.x * dim;
+    const float *rr = ref + (int64_t)blockIdx.x * dim;
+    double a = 0, b = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) a += (double)xr[j] * xr[j], b += (double)rr[j] * rr[j];
+    sx[threadIdx.x] = a, sr[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sx[threadIdx.x] += sx[threadIdx.x + s], sr[threadIdx.x] += sr[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float target = (float)sqrt(sr[0] / dim), mx = (float)(sx[0] / dim);
+    const float mag = sqrtf(mx > floor ? mx : floor);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) xr[j] = xr[j] * target / mag;
+}
+
+/* one block per row: mean, then population std (double), then relu(x - cut) */
+__global__ void k_gaussian_topk(float *x, int64_t stride, int dim, float mult) {
+    __shared__ double red[256];
+    __shared__ double mean_s;
+    float *xr = x + (int64_t)blockIdx.x * stride;
+    double a = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) a += xr[j];
+    red[threadIdx.x] = a;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) mean_s = red[0] / dim;
+    __syncthreads();
+    const double mean = mean_s;
+    double b = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) b += (xr[j] - mean) * (xr[j] - mean);
+    __syncthreads();
+    red[threadIdx.x] = b;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float cut = (float)mean + (float)sqrt(red[0] / dim) * mult;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = xr[j] - cut;
+        xr[j] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+extern "C" void kn_cuda_stream_mix(kn_backend *be, const float *src, int n_src, const float *base, float *out, int n_out,
+                                   int64_t stream_stride, const float *w, float w_add, int rows, int dim) {
+    int64_t n = (int64_t)rows * dim * n_out;
+    if (n > 0)
+        k_stream_mix<<<blocks_for(n), 256, 0, S>>>(src, n_src, base, out, n_out, stream_stride, w, w_add, rows, dim);
+}
+
+extern "C" void kn_cuda_rms_match(kn_backend *be, float *x, const float *ref, int rows, int dim, float floor) {
+    if (rows > 0) k_rms_match<<<rows, 256, 0, S>>>(x, ref, dim, floor);
+}
+
+extern "C" void kn_cuda_gaussian_topk(kn_backend *be, float *x, int64_t x_stride, int rows, int dim, float mult) {
+    if (rows > 0) k_gaussian_topk<<<rows, 256, 0, S>>>(x, x_stride, dim, mult);
+}

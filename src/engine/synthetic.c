@@ -156,20 +156,25 @@ kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed
     kn_synthetic *s = calloc(1, sizeof *s);
     if (!s) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     if (n_threads <= 0) n_threads = omp_get_num_procs();
-    const int64_t H = c->hidden_size, I_all = c->intermediate_size, q = (int64_t)c->n_heads * c->head_dim,
-                  kv = (int64_t)c->n_kv_heads * c->head_dim;
+    const int64_t H = c->hidden_size, I_all = c->intermediate_size;
+    const int first_shared = c->n_layers - c->n_kv_shared_layers; /* gemma3n / gemma4 KV-shared layers from here */
     const float ws = 0.02f;
     /* norms are 1 + noise, except where the family scales by (1 + w) */
     const float nc = c->norm_weight_offset != 0.0 ? 0.0f : 1.0f;
     const kn_norm_names nn = kn_family_norms(c);
     kn_code rc = add(s, dt, c->vocab_size, H, 0, ws, seed, n_threads, err, "model.embed_tokens.weight", 0);
     for (int l = 0; !rc && l < c->n_layers; l++) {
-        const int64_t I = c->layer_inter[l] ? c->layer_inter[l] : I_all; /* gemma3n: per-layer widths */
+        const int shared = c->n_kv_shared_layers > 0 && l >= first_shared;
+        /* per-layer attention shapes and MLP widths (gemma4 global layers, gemma3n lists, double-wide MLPs) */
+        const int64_t hd = c->layer_head_dim[l], q = (int64_t)c->n_heads * hd, kv = (int64_t)c->layer_kv_heads[l] * hd;
+        const int64_t I = (c->layer_inter[l] ? c->layer_inter[l] : I_all) * (c->double_wide_mlp && shared ? 2 : 1);
+        const int no_v = c->k_eq_v && !c->layer_sliding[l];
         if (c->fused_qkv) rc = add(s, dt, q + 2 * kv, H, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.qkv_proj.weight", l);
         else {
             rc = add(s, dt, q, H, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.q_proj.weight", l);
-            if (!rc) rc = add(s, dt, kv, H, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.k_proj.weight", l);
-            if (!rc) rc = add(s, dt, kv, H, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.v_proj.weight", l);
+            if (!rc && !shared) rc = add(s, dt, kv, H, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.k_proj.weight", l);
+            if (!rc && !shared && !no_v)
+                rc = add(s, dt, kv, H, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.v_proj.weight", l);
         }
         if (!rc && c->attention_bias) {
             rc = add(s, dt, q, 0, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.q_proj.bias", l);
@@ -178,7 +183,21 @@ kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed
         }
         if (!rc) rc = add(s, dt, H, q, 0, ws, seed, n_threads, err, "model.layers.%d.self_attn.o_proj.weight", l);
         if (rc) break;
-        if (c->n_experts > 0 && c->layer_moe[l]) {
+        if (c->moe_parallel) { /* gemma4: MoE block beside the dense MLP */
+            const int64_t E = c->n_experts, MI = c->moe_intermediate_size;
+            rc = add(s, dt, E, H, 0, ws, seed, n_threads, err, "model.layers.%d.router.proj.weight", l);
+            if (!rc) rc = add(s, dt, H, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.router.scale", l);
+            if (!rc) rc = add(s, dt, E, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.router.per_expert_scale", l);
+            if (!rc) rc = add3(s, dt, E, 2 * MI, H, ws, seed, n_threads, err, "model.layers.%d.experts.gate_up_proj", l);
+            if (!rc) rc = add3(s, dt, E, H, MI, ws, seed, n_threads, err, "model.layers.%d.experts.down_proj", l);
+            static const char *const moe_norms[] = {"model.layers.%d.pre_feedforward_layernorm_2.weight",
+                                                    "model.layers.%d.post_feedforward_layernorm_1.weight",
+                                                    "model.layers.%d.post_feedforward_layernorm_2.weight"};
+            for (int i = 0; i < 3 && !rc; i++) rc = add(s, dt, H, 0, 1.0f, 0.1f, seed, n_threads, err, moe_norms[i], l);
+            if (!rc) rc = add(s, dt, I, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.gate_proj.weight", l);
+            if (!rc) rc = add(s, dt, I, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.up_proj.weight", l);
+            if (!rc) rc = add(s, dt, H, I, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.down_proj.weight", l);
+        } else if (c->n_experts > 0 && c->layer_moe[l]) {
             const int64_t E = c->n_experts, MI = c->moe_intermediate_size, SI = c->shared_expert_intermediate_size;
             rc = add(s, dt, E, H, 0, ws, seed, n_threads, err, "model.layers.%d.mlp.gate.weight", l);
             if (!rc) rc = add3(s, dt, E, 2 * MI, H, ws, seed, n_threads, err, "model.layers.%d.mlp.experts.gate_up_proj", l);
@@ -209,15 +228,20 @@ kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed
         }
         if (!rc && c->qk_norm_kind != KN_QK_NORM_NONE) {
             int full = c->qk_norm_kind == KN_QK_NORM_FULL;
-            rc = add(s, dt, full ? q : c->head_dim, 0, nc, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.q_norm.weight", l);
-            if (!rc) rc = add(s, dt, full ? kv : c->head_dim, 0, nc, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.k_norm.weight", l);
+            rc = add(s, dt, full ? q : hd, 0, nc, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.q_norm.weight", l);
+            if (!rc && !shared)
+                rc = add(s, dt, full ? kv : hd, 0, nc, 0.1f, seed, n_threads, err, "model.layers.%d.self_attn.k_norm.weight", l);
         }
-        if (!rc && c->altup_inputs) { /* gemma3n: per-layer inputs, AltUp, Laurel */
-            const int64_t P = c->ple_dim, K = c->altup_inputs, R = c->laurel_rank;
+        if (!rc && c->ple_dim) { /* gemma4 / gemma3n per-layer inputs */
+            const int64_t P = c->ple_dim;
             rc = add(s, dt, P, H, 0, ws, seed, n_threads, err, "model.layers.%d.per_layer_input_gate.weight", l);
             if (!rc) rc = add(s, dt, H, P, 0, ws, seed, n_threads, err, "model.layers.%d.per_layer_projection.weight", l);
             if (!rc) rc = add(s, dt, H, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.post_per_layer_input_norm.weight", l);
-            if (!rc) rc = add(s, dt, K, H, 0, ws, seed, n_threads, err, "model.layers.%d.altup.modality_router.weight", l);
+        }
+        if (!rc && c->arch == KN_ARCH_GEMMA4) rc = add(s, dt, 1, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.layer_scalar", l);
+        if (!rc && c->altup_inputs) { /* gemma3n: AltUp, Laurel */
+            const int64_t K = c->altup_inputs, R = c->laurel_rank;
+            rc = add(s, dt, K, H, 0, ws, seed, n_threads, err, "model.layers.%d.altup.modality_router.weight", l);
             if (!rc) rc = add(s, dt, K * K, K, 0, 0.1f, seed, n_threads, err, "model.layers.%d.altup.prediction_coefs.weight", l);
             if (!rc) rc = add(s, dt, K, K, 0, 0.1f, seed, n_threads, err, "model.layers.%d.altup.correction_coefs.weight", l);
             if (!rc) rc = add(s, dt, H, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.altup.router_norm.weight", l);
@@ -227,11 +251,13 @@ kn_code kn_synthetic_create(const kn_model_config *c, kn_dtype dt, uint64_t seed
             if (!rc) rc = add(s, dt, H, 0, 1.0f, 0.1f, seed, n_threads, err, "model.layers.%d.laurel.post_laurel_norm.weight", l);
         }
     }
-    if (!rc && c->altup_inputs) { /* gemma3n model-level tensors */
+    if (!rc && c->ple_dim) { /* gemma4 / gemma3n per-layer input tables */
         const int64_t LP = (int64_t)c->n_layers * c->ple_dim;
         rc = add(s, dt, c->ple_vocab, LP, 0, ws, seed, n_threads, err, "model.embed_tokens_per_layer.weight", 0);
         if (!rc) rc = add(s, dt, LP, H, 0, ws, seed, n_threads, err, "model.per_layer_model_projection.weight", 0);
         if (!rc) rc = add(s, dt, c->ple_dim, 0, 1.0f, 0.1f, seed, n_threads, err, "model.per_layer_projection_norm.weight", 0);
+    }
+    if (!rc && c->altup_inputs) { /* gemma3n stream projections */
         for (int i = 0; !rc && i < c->altup_inputs - 1; i++) {
             rc = add(s, dt, H, H, 0, ws, seed, n_threads, err, "model.altup_projections.%d.weight", i);
             if (!rc) rc = add(s, dt, H, H, 0, ws, seed, n_threads, err, "model.altup_unembed_projections.%d.weight", i);

@@ -22,6 +22,7 @@
 
 #include "base/dtype.h"
 #include "base/kv_codec.h"
+#include "base/sampling.h"
 #include "base/status.h"
 
 typedef struct kn_backend kn_backend;
@@ -272,6 +273,13 @@ typedef struct kn_backend_vtbl {
     /* x[r, j] = max(0, x[r, j] - (mean_r + std_r * mult)) for j < dim, rows x_stride apart; mean and
      * (population) std over the row's dim values */
     void (*gaussian_topk)(kn_backend *be, float *x, int64_t x_stride, int rows, int dim, float mult);
+    /* ---- sampling ---- */
+    /* optional (NULL: callers sample on the host): out[r] = the token of
+     * logits row x[r, :V] under params[r] by the rule of base/sampling.h
+     * (edits applied to x in place; a row's edits name distinct tokens).
+     * params, edits and out are backend memory. */
+    void (*sample_rows)(kn_backend *be, float *x, int rows, int V, const kn_sample_params *params,
+                        const kn_logit_edit *edits, int32_t *out);
 } kn_backend_vtbl;
 
 enum { KN_EPI_NONE = 0, KN_EPI_SWIGLU = 1 };

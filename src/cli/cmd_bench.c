@@ -5,6 +5,7 @@
  * Decode floor: every step reads all weights once plus the KV written so far;
  * floor tok/s = read bandwidth / bytes per step (per sequence-step for
  * batch > 1 the weights are shared, so the floor is batch x that). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,14 +26,14 @@ static double now_s(void) {
 }
 
 typedef struct {
-    double read_gbs, prefill_tps, prefill_s, decode_tps, decode_s, weight_gb, floor_tps, gflops_prefill, ttft_s;
+    double read_gbs, prefill_tps, prefill_s, decode_tps, decode_s, weight_gb, active_gb, floor_tps, gflops_prefill, ttft_s;
 } bench_result;
 
 /* host_logits 0: decode as a greedy engine does, the backend picks each
  * token and only ids cross to the host; 1: every step's logits are copied to
  * the host (what a host-side sampler needs). */
-static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_logits, bench_result *r,
-                         kn_error *err) {
+static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_logits, const kn_sample_params *sample,
+                         bench_result *r, kn_error *err) {
     const int V = m->cfg.vocab_size;
     kn_kv_seq *seqs = calloc((size_t)batch, sizeof *seqs);
     kn_kv_seq **sp = calloc((size_t)batch, sizeof *sp);
@@ -40,6 +41,10 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
             *sidx = malloc((size_t)m->max_chunk * 4), *rows = malloc((size_t)m->max_chunk * 4);
     float *logits = malloc((size_t)batch * V * sizeof(float));
     int32_t *next = malloc((size_t)batch * sizeof(int32_t));
+    /* sampling on the backend (--temp > 0): every row under the same parameters, a fresh uniform per step */
+    kn_sample_params *sp_rows = sample ? calloc((size_t)batch, sizeof *sp_rows) : NULL;
+    if (sample && !sp_rows) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    uint64_t useed = 0x9e3779b97f4a7c15ull;
     kn_code rc = (!seqs || !sp || !tok || !pos || !sidx || !rows || !logits || !next) ? kn_fail(err, KN_ERR_NOMEM, "out of memory") : KN_OK;
     for (int b = 0; !rc && b < batch; b++) {
         sp[b] = &seqs[b];
@@ -58,8 +63,10 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
     }
     for (int w = 0; !rc && w < 2; w++) {
         for (int b = 0; b < batch; b++) tok[b] = (int32_t)(b % V), pos[b] = prompt, sidx[b] = b, rows[b] = b;
+        for (int b = 0; sp_rows && b < batch; b++)
+            sp_rows[b] = *sample, sp_rows[b].u = (double)((useed = useed * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53;
         kn_batch bt = {.n_tokens = batch, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = batch, .seqs = sp,
-                       .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next};
+                       .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next, .sample = sp_rows};
         rc = kn_model_forward(m, &bt, logits, err);
     }
     /* prefill: each sequence's prompt, in chunks */
@@ -81,14 +88,27 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
     double t1 = now_s();
     for (int g = 0; !rc && g < gen; g++) {
         for (int b = 0; b < batch; b++) tok[b] = (int32_t)((g * 31 + b) % V), pos[b] = prompt + g, sidx[b] = b, rows[b] = b;
+        for (int b = 0; sp_rows && b < batch; b++)
+            sp_rows[b] = *sample, sp_rows[b].u = (double)((useed = useed * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53;
         kn_batch bt = {.n_tokens = batch, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = batch, .seqs = sp,
-                       .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next};
+                       .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next, .sample = sp_rows};
         rc = kn_model_forward(m, &bt, logits, err);
     }
     r->decode_s = now_s() - t1;
     r->decode_tps = (double)gen * batch / r->decode_s;
     double wbytes = (double)kn_model_weight_bytes(m);
     r->weight_gb = wbytes / 1e9;
+    /* MoE: a step reads only the experts its tokens select; with the router's
+     * choices spread evenly, batch B touches 1 - (1 - k/E)^B of each layer's
+     * experts (k of E at batch 1): the active-parameter floor */
+    if (m->cfg.n_experts > 0 && m->cfg.n_experts_per_tok > 0) {
+        const double frac = 1.0 - pow(1.0 - (double)m->cfg.n_experts_per_tok / m->cfg.n_experts, (double)batch);
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            const kn_layer *L = &m->layers[l];
+            wbytes -= (1.0 - frac) * (double)(kn_weight_bytes(&L->experts_gate_up) + kn_weight_bytes(&L->experts_down));
+        }
+    }
+    r->active_gb = wbytes / 1e9;
     /* K/V read per step: every position of full-attention layers, the last window of ring layers */
     const double ctx = prompt + gen / 2.0, win = m->cfg.sliding_window < ctx ? m->cfg.sliding_window : ctx;
     const double ring_tok = m->kv->ring ? (double)kn_kv_bytes_per_token(m->kv->ring) : 0.0;
@@ -103,7 +123,7 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
     }
     r->gflops_prefill = 2.0 * elems * prompt * batch / r->prefill_s / 1e9;
     for (int b = 0; b < batch && seqs; b++) kn_kv_seq_release(m->kv, &seqs[b]);
-    free(seqs), free(sp), free(tok), free(pos), free(sidx), free(rows), free(logits), free(next);
+    free(seqs), free(sp), free(tok), free(pos), free(sidx), free(rows), free(logits), free(next), free(sp_rows);
     return rc;
 }
 
@@ -112,6 +132,8 @@ int kn_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *synthetic = NULL, *dtype_arg = NULL;
     long prompt = 128, gen = 64, batch = 1, bits = 0, group_size = 64;
     int json = 0, host_logits = 0;
+    double temp = 0.0, top_p = 1.0, min_p = 0.0;
+    long top_k = 0;
     kn_error err = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -136,6 +158,10 @@ int kn_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--dtype")) dtype_arg = v;
         else if (!strcmp(a, "--bits")) rc = kn_parse_int(a, v, 0, 8, &bits, &err);
         else if (!strcmp(a, "--group-size")) rc = kn_parse_int(a, v, 32, 128, &group_size, &err);
+        else if (!strcmp(a, "--temp")) rc = kn_parse_float(a, v, 0.0, 100.0, &temp, &err);
+        else if (!strcmp(a, "--top-p")) rc = kn_parse_float(a, v, 0.0, 1.0, &top_p, &err);
+        else if (!strcmp(a, "--min-p")) rc = kn_parse_float(a, v, 0.0, 1.0, &min_p, &err);
+        else if (!strcmp(a, "--top-k")) rc = kn_parse_int(a, v, 0, 1 << 24, &top_k, &err);
         else return kn_cli_usage_error("bench: unknown option %s", a);
         if (rc) return kn_cli_error(&err);
         i++;
@@ -197,26 +223,33 @@ int kn_cmd_bench(int argc, char **argv) {
         snprintf(label, sizeof label, "%s", dir);
     }
     bench_result r = {0};
-    rc = run_bench(m, (int)prompt, (int)gen, (int)batch, host_logits, &r, &err);
+    const kn_sample_params sparams = {.temperature = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
+                                      .min_p = (float)min_p};
+    const int sampled = temp > 0.0 && !host_logits && kn_model_samples_on_backend(m);
+    if (temp > 0.0 && !sampled && !host_logits)
+        fprintf(stderr, "bench: the %s backend cannot sample; decoding greedily\n", m->be->vt->name);
+    char how[64];
+    snprintf(how, sizeof how, "%s", host_logits ? "host logits" : sampled ? "backend sampling" : "backend greedy");
+    rc = run_bench(m, (int)prompt, (int)gen, (int)batch, host_logits, sampled ? &sparams : NULL, &r, &err);
     if (!rc) {
         if (json)
             printf("{\"model\": \"%s\", \"desc\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"prompt\": %ld, "
-                   "\"gen\": %ld, \"batch\": %ld, \"weight_gb\": %.4f, \"read_bandwidth_gbs\": %.2f, "
+                   "\"gen\": %ld, \"batch\": %ld, \"weight_gb\": %.4f, \"active_weight_gb\": %.4f, \"read_bandwidth_gbs\": %.2f, "
                    "\"prefill_tok_s\": %.2f, \"prefill_gflops\": %.1f, \"decode_tok_s\": %.2f, "
                    "\"decode_floor_tok_s\": %.2f, \"decode_fraction_of_floor\": %.3f, \"ttft_ms\": %.2f, "
                    "\"sampling\": \"%s\"}\n",
-                   label, m->desc, m->be->vt->name, m->be->n_threads, prompt, gen, batch, r.weight_gb, r.read_gbs,
+                   label, m->desc, m->be->vt->name, m->be->n_threads, prompt, gen, batch, r.weight_gb, r.active_gb, r.read_gbs,
                    r.prefill_tps, r.gflops_prefill, r.decode_tps, r.floor_tps, r.decode_tps / r.floor_tps,
-                   r.ttft_s * 1e3, host_logits ? "host logits" : "backend greedy");
+                   r.ttft_s * 1e3, how);
         else
-            printf("model    %s\n         %s\nbackend  %s, %d threads\nweights  %.3f GB read per decode step\n"
+            printf("model    %s\n         %s\nbackend  %s, %d threads\nweights  %.3f GB, %.3f GB read per decode step (active)\n"
                    "memory   %.1f GB/s read bandwidth (measured now)\n"
                    "prefill  %ld tokens x %ld: %.1f tok/s (%.1f GFLOP/s in matmuls)\n"
                    "decode   %ld tokens x %ld: %.2f tok/s; floor %.2f tok/s -> %.1f%% of the memory floor (%s)\n"
                    "ttft     %.2f ms (first sequence)\n",
-                   label, m->desc, m->be->vt->name, m->be->n_threads, r.weight_gb, r.read_gbs, prompt, batch,
+                   label, m->desc, m->be->vt->name, m->be->n_threads, r.weight_gb, r.active_gb, r.read_gbs, prompt, batch,
                    r.prefill_tps, r.gflops_prefill, gen, batch, r.decode_tps, r.floor_tps,
-                   100.0 * r.decode_tps / r.floor_tps, host_logits ? "host logits" : "backend greedy",
+                   100.0 * r.decode_tps / r.floor_tps, how,
                    r.ttft_s * 1e3);
     }
     kn_model_close(m);

@@ -68,6 +68,8 @@ struct kn_request {
     kn_rng rng;
     uint32_t *counts;
     uint8_t *seen;
+    int32_t *touched; /* the distinct tokens with seen or counts set (penalties), in first-use order */
+    int n_touched, cap_touched;
     double t_submit, t_last;
     kn_request *next; /* wait queue link (under e->mu) */
 };
@@ -91,6 +93,13 @@ struct kn_engine {
     kn_request **row_req;
     kn_kv_seq **seqs;
     kn_sampler_scratch scratch;
+    /* sampling of one step: a row's parameters (uniform drawn before the
+     * forward, used by whichever side samples), the rows' edits for backend
+     * sampling, one row's edits for host sampling, and a token -> edit map */
+    kn_sample_params *sparams;
+    int32_t *ids;
+    kn_logit_edit *edits, *row_edits;
+    int32_t *edit_slot; /* [V], -1 between uses */
     kn_prefix_cache *prefix; /* NULL when disabled */
     int rope_switch;         /* longrope: position at which a sequence is recomputed with long factors; -1 = none */
 };
@@ -125,7 +134,7 @@ static void request_free(kn_request *r) {
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r->prompt), free(r->bias_ids), free(r->bias_values), free(r->events);
-    free(r->counts), free(r->seen);
+    free(r->counts), free(r->seen), free(r->touched);
     free(r);
 }
 
@@ -290,13 +299,19 @@ kn_submit_result kn_engine_submit(kn_engine *e, const int32_t *prompt, int n_pro
     r->p.logit_bias_ids = r->bias_ids, r->p.logit_bias_values = r->bias_values;
     if (ok && (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f))
         ok = (r->counts = calloc((size_t)V, sizeof *r->counts)) != NULL;
-    if (ok && p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f) {
+    if (ok && p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f)
         ok = (r->seen = calloc((size_t)V, 1)) != NULL;
-        if (ok)
-            for (int i = 0; i < n_prompt; i++) r->seen[prompt[i]] = 1;
+    if (ok && (r->counts || r->seen)) {
+        const int64_t cap = (int64_t)n_reserve + p->s.max_new_tokens;
+        r->cap_touched = cap < V ? (int)cap : V;
+        ok = (r->touched = malloc((size_t)r->cap_touched * sizeof *r->touched)) != NULL;
     }
+    if (ok && r->seen)
+        for (int i = 0; i < n_prompt; i++)
+            if (!r->seen[prompt[i]]) r->seen[prompt[i]] = 1, r->touched[r->n_touched++] = prompt[i];
     if (!ok) {
-        free(r->prompt), free(r->bias_ids), free(r->bias_values), free(r->counts), free(r->seen), free(r);
+        free(r->prompt), free(r->bias_ids), free(r->bias_values), free(r->counts), free(r->seen), free(r->touched);
+        free(r);
         return kn_fail(err, KN_ERR_NOMEM, "out of memory"), KN_SUBMIT_INVALID;
     }
     memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
@@ -405,19 +420,58 @@ static int is_stop_token(const kn_engine *e, const kn_request *r, int32_t tok) {
     return 0;
 }
 
-/* Sample from row for r, post the event; returns the finish reason
- * (KN_FINISH_NONE to continue). Engine thread. */
-static kn_finish sample_and_post(kn_engine *e, kn_request *r, float *row, double now, double *ttft, double *tpot) {
+/* The penalties and logit bias of r as edits (base/sampling.h), distinct
+ * tokens, into out[cap]; -1 when they do not fit. Engine thread. */
+static int build_edits(kn_engine *e, const kn_request *r, kn_logit_edit *out, int cap) {
+    const kn_gen_params *p = &r->p;
+    const float rp = p->repetition_penalty;
+    const int rep_on = r->seen && rp > 0.0f && rp != 1.0f;
+    const int pen_on = r->counts && (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+    int n = 0, fits = 1;
+    for (int i = 0; i < r->n_touched && fits; i++) {
+        const int32_t t = r->touched[i];
+        kn_logit_edit ed = {t, 1.0f, 0.0f, 0.0f};
+        if (rep_on && r->seen[t]) ed.rep = rp;
+        if (pen_on && r->counts[t]) ed.sub = p->presence_penalty + p->frequency_penalty * (float)r->counts[t];
+        if (ed.rep == 1.0f && !(pen_on && r->counts[t])) continue;
+        if (n == cap) fits = 0;
+        else e->edit_slot[t] = n, out[n++] = ed;
+    }
+    for (int i = 0; i < p->n_logit_bias && fits; i++) { /* repeated ids: their biases summed */
+        const int32_t t = p->logit_bias_ids[i];
+        if (t < 0 || t >= e->V) continue;
+        if (e->edit_slot[t] >= 0) out[e->edit_slot[t]].add += p->logit_bias_values[i];
+        else if (n == cap) fits = 0;
+        else e->edit_slot[t] = n, out[n++] = (kn_logit_edit){t, 1.0f, 0.0f, p->logit_bias_values[i]};
+    }
+    for (int i = 0; i < n; i++) e->edit_slot[out[i].token] = -1;
+    return fits ? n : -1;
+}
+
+static int wants_logprobs(const kn_request *r) { return r->p.logprobs || r->p.top_logprobs; }
+
+/* Post the token of r (sampled on the backend: token >= 0; else sampled
+ * here from row under sp); returns the finish reason (KN_FINISH_NONE to
+ * continue). Engine thread. */
+static kn_finish sample_and_post(kn_engine *e, kn_request *r, float *row, int32_t token, const kn_sample_params *sp,
+                                 double now, double *ttft, double *tpot) {
     const int V = e->V;
-    kn_logits_apply(row, V, &r->p, r->counts, r->seen);
     kn_token_event ev = {0};
-    ev.token = kn_sample(row, V, &r->p.s, &r->rng, &e->scratch);
-    if (r->p.logprobs || r->p.top_logprobs) kn_logits_logprobs(row, V, ev.token, r->p.top_logprobs, &ev);
+    if (token >= 0) ev.token = token;
+    else {
+        const int ne = build_edits(e, r, e->row_edits, V); /* distinct tokens: always fits V */
+        kn_logit_edits_apply(row, V, e->row_edits, ne > 0 ? ne : 0);
+        ev.token = kn_sample_row(row, V, sp, &e->scratch);
+        if (wants_logprobs(r)) kn_logits_logprobs(row, V, ev.token, r->p.top_logprobs, &ev);
+    }
     if (request_push(r, &ev)) return KN_FINISH_ERROR;
     int n_gen = kn_request_generated_tokens(r);
     if (n_gen == 1) *ttft = now - r->t_submit;
     else *tpot = now - r->t_last;
     r->t_last = now;
+    if (r->touched && !(r->seen && r->seen[ev.token]) && !(r->counts && r->counts[ev.token]) &&
+        r->n_touched < r->cap_touched)
+        r->touched[r->n_touched++] = ev.token;
     if (r->counts) r->counts[ev.token]++;
     if (r->seen) r->seen[ev.token] = 1;
     r->last_token = ev.token;
@@ -472,6 +526,19 @@ static void engine_step(kn_engine *e) {
     if (n == 0) return;
     kn_batch b = {.n_tokens = n, .tokens = e->tokens, .pos = e->pos, .seq = e->seq, .n_seqs = n_seqs,
                   .seqs = e->seqs, .n_logits = n_rows, .logit_rows = e->rows, .rope_len = rope_len};
+    /* every row's uniform is drawn now (one per sampled token, whichever side samples); rows are sampled on
+     * the backend, so only ids cross, unless one wants log-probabilities or the edits overflow */
+    int on_backend = kn_model_samples_on_backend(m), n_edits = 0;
+    for (int k = 0; k < n_rows; k++) {
+        kn_request *r = e->row_req[k];
+        e->sparams[k] = kn_sample_params_draw(&r->p.s, &r->rng);
+        if (wants_logprobs(r)) on_backend = 0;
+        if (!on_backend) continue;
+        const int ne = build_edits(e, r, e->edits + n_edits, KN_SAMPLE_MAX_EDITS - n_edits);
+        if (ne < 0) on_backend = 0;
+        else e->sparams[k].edit0 = n_edits, e->sparams[k].n_edits = ne, n_edits += ne;
+    }
+    if (on_backend) b.sample = e->sparams, b.edits = e->edits, b.n_edits = n_edits, b.argmax = e->ids;
     kn_error err = {0};
     kn_code rc = kn_model_forward(m, &b, e->logits, &err);
     if (rc) { /* fail every sequence of this batch; the server keeps serving */
@@ -500,7 +567,8 @@ static void engine_step(kn_engine *e) {
         for (int k = 0; k < n_rows; k++) {
             kn_request *r = e->row_req[k];
             double t1 = -1, t2 = -1;
-            kn_finish f = sample_and_post(e, r, e->logits + (size_t)k * e->V, now, &t1, &t2);
+            kn_finish f = sample_and_post(e, r, e->logits + (size_t)k * e->V, on_backend ? e->ids[k] : -1,
+                                          &e->sparams[k], now, &t1, &t2);
             if (t1 >= 0) ttft[n_ttft++] = t1, ttft_sum += t1;
             if (t2 >= 0) tpot[n_tpot++] = t2, tpot_sum += t2;
             r->state = ST_DECODE;
@@ -608,8 +676,15 @@ kn_code kn_engine_create(kn_model *m, const kn_engine_options *o, kn_engine **ou
     e->rows = malloc((size_t)e->max_batch * 4);
     e->row_req = calloc((size_t)e->max_batch, sizeof *e->row_req);
     e->seqs = calloc((size_t)e->max_batch, sizeof *e->seqs);
+    e->sparams = calloc((size_t)e->max_batch, sizeof *e->sparams);
+    e->ids = malloc((size_t)e->max_batch * sizeof *e->ids);
+    e->edits = malloc(KN_SAMPLE_MAX_EDITS * sizeof *e->edits);
+    e->row_edits = malloc((size_t)e->V * sizeof *e->row_edits);
+    e->edit_slot = malloc((size_t)e->V * sizeof *e->edit_slot);
+    if (e->edit_slot) memset(e->edit_slot, 0xff, (size_t)e->V * sizeof *e->edit_slot);
     kn_code rc = KN_OK;
-    if (!e->running || !e->logits || !e->tokens || !e->pos || !e->seq || !e->rows || !e->row_req || !e->seqs)
+    if (!e->running || !e->logits || !e->tokens || !e->pos || !e->seq || !e->rows || !e->row_req || !e->seqs ||
+        !e->sparams || !e->ids || !e->edits || !e->row_edits || !e->edit_slot)
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for the engine");
     if (!rc) rc = kn_sampler_scratch_init(&e->scratch, e->V, err);
     /* no prefix to share where sliding-window rings keep only a sequence's last window, or where RoPE
@@ -632,7 +707,8 @@ kn_code kn_engine_create(kn_model *m, const kn_engine_options *o, kn_engine **ou
         kn_prefix_cache_destroy(e->prefix);
         kn_sampler_scratch_free(&e->scratch);
         free(e->running), free(e->logits), free(e->tokens), free(e->pos), free(e->seq), free(e->rows);
-        free(e->row_req), free(e->seqs), free(e);
+        free(e->row_req), free(e->seqs), free(e->sparams), free(e->ids), free(e->edits), free(e->row_edits);
+        free(e->edit_slot), free(e);
         return rc;
     }
     *out = e;
@@ -656,7 +732,8 @@ void kn_engine_destroy(kn_engine *e) {
     kn_prefix_cache_destroy(e->prefix);
     kn_sampler_scratch_free(&e->scratch);
     free(e->running), free(e->logits), free(e->tokens), free(e->pos), free(e->seq), free(e->rows);
-    free(e->row_req), free(e->seqs), free(e);
+    free(e->row_req), free(e->seqs), free(e->sparams), free(e->ids), free(e->edits), free(e->row_edits);
+    free(e->edit_slot), free(e);
 }
 
 void kn_engine_get_stats(kn_engine *e, kn_engine_stats *out) {

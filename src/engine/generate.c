@@ -37,10 +37,10 @@ static int is_eos(const kn_model_config *c, int32_t tok) {
 
 /* Forward ids[0..n) from position 0 in max_chunk pieces, capped by
  * kn_kv_max_append (length-dependent RoPE scaled for all n, as one
- * transformers forward); the last row's logits (or its greedy id into
- * *next) come back. */
+ * transformers forward); the last row's logits (or its greedy id, or the
+ * id sampled on the backend under sample, into *next) come back. */
 static kn_code prefill(kn_model *m, kn_kv_seq **seqs, const int32_t *ids, int n_ids, int32_t *pos, int32_t *sidx,
-                       float *logits, int32_t *next, kn_error *err) {
+                       float *logits, int32_t *next, const kn_sample_params *sample, kn_error *err) {
     kn_code rc = KN_OK;
     const int32_t rope_len = n_ids;
     for (int c0 = 0, n = 0; !rc && c0 < n_ids; c0 += n) { /* delayed conversion: a chunk never straddles --kv-start */
@@ -49,7 +49,8 @@ static kn_code prefill(kn_model *m, kn_kv_seq **seqs, const int32_t *ids, int n_
         int32_t last = n - 1;
         int want = c0 + n == n_ids;
         kn_batch b = {.n_tokens = n, .tokens = ids + c0, .pos = pos, .seq = sidx, .n_seqs = 1, .seqs = seqs,
-                      .n_logits = want, .logit_rows = &last, .argmax = next, .rope_len = &rope_len};
+                      .n_logits = want, .logit_rows = &last, .argmax = next, .rope_len = &rope_len,
+                      .sample = want ? sample : NULL};
         rc = kn_model_forward(m, &b, logits, err);
         seqs[0]->n_tokens = c0 + n;
     }
@@ -81,8 +82,12 @@ kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_s
     if (limit > m->max_context) limit = m->max_context;
     if (!rc) rc = kn_kv_seq_reserve(m->kv, &seq, limit, err);
 
-    /* greedy: the backend picks the token, only its id crosses to the host */
+    /* greedy, or sampling where the backend has sample_rows: the backend picks the token and only its id
+     * crosses to the host (the uniform of each sampled token drawn before its forward) */
     const int greedy = sp->temperature <= 0.0f || sp->top_k == 1;
+    const int on_backend = greedy || kn_model_samples_on_backend(m);
+    kn_sample_params sparams = {0};
+    const kn_sample_params *sample = greedy || !on_backend ? NULL : &sparams;
     int32_t next = 0;
     double t0 = now_seconds();
     /* the token history (prompt + generated): longrope models recompute it at the switch to long factors */
@@ -90,26 +95,28 @@ kn_code kn_generate(kn_model *m, const int32_t *prompt, int n_prompt, const kn_s
     if (!rc && !hist) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
     if (hist) memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
     const int switch_at = m->cfg.rope.type == KN_ROPE_LONGROPE ? m->cfg.rope.original_max_position_embeddings : -1;
-    if (!rc) rc = prefill(m, seqs, hist, n_prompt, pos, sidx, logits, greedy ? &next : NULL, err);
+    if (sample) sparams = kn_sample_params_draw(sp, &rng);
+    if (!rc) rc = prefill(m, seqs, hist, n_prompt, pos, sidx, logits, on_backend ? &next : NULL, sample, err);
     double t1 = now_seconds();
     st.prefill_seconds = t1 - t0;
     int p = n_prompt;
     while (!rc && st.n_generated < sp->max_new_tokens) {
-        int32_t tok = greedy ? next : kn_sample(logits, V, sp, &rng, &scratch);
+        int32_t tok = on_backend ? next : kn_sample(logits, V, sp, &rng, &scratch);
         st.n_generated++;
         int stop = cb ? cb(tok, user) : 0;
         if (stop || (!sp->ignore_eos && is_eos(&m->cfg, tok)) || st.n_generated >= sp->max_new_tokens ||
             p >= m->max_context)
             break;
         hist[p] = tok;
+        if (sample) sparams = kn_sample_params_draw(sp, &rng);
         if (p == switch_at && n_prompt <= switch_at) {
             /* transformers' phi3 generate drops the cache when the sequence first outgrows
              * original_max_position_embeddings: everything is recomputed with the long factors */
-            rc = prefill(m, seqs, hist, p + 1, pos, sidx, logits, greedy ? &next : NULL, err);
+            rc = prefill(m, seqs, hist, p + 1, pos, sidx, logits, on_backend ? &next : NULL, sample, err);
         } else {
             int32_t row = 0;
             kn_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &p, .seq = sidx, .n_seqs = 1, .seqs = seqs,
-                          .n_logits = 1, .logit_rows = &row, .argmax = greedy ? &next : NULL};
+                          .n_logits = 1, .logit_rows = &row, .argmax = on_backend ? &next : NULL, .sample = sample};
             rc = kn_model_forward(m, &b, logits, err);
         }
         seq.n_tokens = ++p;

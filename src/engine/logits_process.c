@@ -3,20 +3,6 @@
 
 #include <math.h>
 
-void kn_logits_apply(float *row, int V, const kn_gen_params *p, const uint32_t *counts, const uint8_t *seen) {
-    float rp = p->repetition_penalty;
-    if (seen && rp > 0.0f && rp != 1.0f)
-        for (int i = 0; i < V; i++)
-            if (seen[i]) row[i] = row[i] > 0.0f ? row[i] / rp : row[i] * rp;
-    if (counts && (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f))
-        for (int i = 0; i < V; i++)
-            if (counts[i]) row[i] -= p->presence_penalty + p->frequency_penalty * (float)counts[i];
-    for (int i = 0; i < p->n_logit_bias; i++) {
-        int32_t id = p->logit_bias_ids[i];
-        if (id >= 0 && id < V) row[id] += p->logit_bias_values[i];
-    }
-}
-
 void kn_logits_logprobs(const float *row, int V, int32_t token, int top_n, kn_token_event *ev) {
     double mx = -INFINITY;
     for (int i = 0; i < V; i++)

@@ -230,6 +230,7 @@ static void free_model_memory(kn_model *m) {
     int32_t *idx[] = {m->d_tokens, m->d_pos,     m->d_seq,    m->d_slots,    m->d_bt,
                       m->d_rows,   m->route_idx, m->d_argmax, m->d_bt_ring, m->d_slots_ring};
     for (size_t i = 0; i < sizeof idx / sizeof *idx; i++) kn_be_free(be, idx[i]);
+    kn_be_free(be, m->d_sample), kn_be_free(be, m->d_edits);
     free(m->h_bt), free(m->h_bt_ring);
     kn_be_free(be, m->rope_runs);
     free(m->h_rope_runs), free(m->run_t0), free(m->run_n), free(m->run_scale);
@@ -476,6 +477,14 @@ kn_code kn_model_build_kv(const kn_model_config *cfg, const kn_tensor_source *sr
     m->d_tokens = kn_be_alloc(be, T * 4), m->d_pos = kn_be_alloc(be, T * 4), m->d_seq = kn_be_alloc(be, T * 4);
     m->d_slots = kn_be_alloc(be, T * 4), m->d_rows = kn_be_alloc(be, T * 4), m->d_argmax = kn_be_alloc(be, T * 4);
     m->d_bt = kn_be_alloc(be, (size_t)max_seqs * (size_t)m->max_blocks * 4);
+    if (be->vt->sample_rows) {
+        m->d_sample = kn_be_alloc(be, T * sizeof *m->d_sample);
+        m->d_edits = kn_be_alloc(be, KN_SAMPLE_MAX_EDITS * sizeof *m->d_edits);
+        if (!m->d_sample || !m->d_edits) {
+            rc = kn_fail(err, KN_ERR_NOMEM, "out of memory for sampling parameters");
+            goto fail;
+        }
+    }
     m->h_bt = malloc((size_t)max_seqs * (size_t)m->max_blocks * 4);
     int moe_ok = 1;
     if (c->ple_dim) {
@@ -757,7 +766,9 @@ logits:
         const int64_t len = (int64_t)nr * c->vocab_size;
         if (c->logit_scale != 1.0) op->scale(be, m->logits, len, (float)c->logit_scale);
         if (c->final_softcap > 0) op->softcap(be, m->logits, len, (float)c->final_softcap);
-        if (b->argmax) op->argmax_rows(be, m->logits, nr, c->vocab_size, m->d_argmax + r0);
+        if (b->sample)
+            op->sample_rows(be, m->logits, nr, c->vocab_size, m->d_sample + r0, m->d_edits, m->d_argmax + r0);
+        else if (b->argmax) op->argmax_rows(be, m->logits, nr, c->vocab_size, m->d_argmax + r0);
         else if (logits_host) /* eager: fetch each chunk; recorded: the caller fetches the single chunk */
             kn_be_download(be, logits_host + (size_t)r0 * c->vocab_size, m->logits,
                            (size_t)nr * c->vocab_size * sizeof(float));
@@ -771,6 +782,15 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     if (n <= 0 || n > m->max_chunk || b->n_seqs > m->max_seqs)
         return kn_fail(err, KN_ERR_INVALID_ARG, "forward: batch of %d tokens / %d sequences exceeds %d / %d", n,
                        b->n_seqs, m->max_chunk, m->max_seqs);
+    if (b->sample) {
+        if (!m->d_sample || !b->argmax || b->n_edits < 0 || b->n_edits > KN_SAMPLE_MAX_EDITS)
+            return kn_fail(err, KN_ERR_INVALID_ARG, "forward: backend sampling needs sample_rows, argmax and at most "
+                           "%d edits", KN_SAMPLE_MAX_EDITS);
+        for (int r = 0; r < b->n_logits; r++)
+            if (b->sample[r].n_edits < 0 || b->sample[r].edit0 < 0 || b->sample[r].edit0 + b->sample[r].n_edits > b->n_edits)
+                return kn_fail(err, KN_ERR_INVALID_ARG, "forward: sampling row %d names edits outside the %d given", r,
+                               b->n_edits);
+    }
     /* delayed KV conversion: a staged sequence appending at or beyond
      * kv_start is converted first; an append may not straddle kv_start */
     for (int s = 0; s < b->n_seqs && m->kv->header.spec.kv_start > 0; s++) {
@@ -845,6 +865,10 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     kn_be_upload(be, m->d_slots, slots, (size_t)n * 4);
 
     if (b->n_logits > 0) kn_be_upload(be, m->d_rows, b->logit_rows, (size_t)b->n_logits * 4);
+    if (b->sample && b->n_logits > 0) {
+        kn_be_upload(be, m->d_sample, b->sample, (size_t)b->n_logits * sizeof *b->sample);
+        if (b->n_edits > 0) kn_be_upload(be, m->d_edits, b->edits, (size_t)b->n_edits * sizeof *b->edits);
+    }
 
     /* A decode-shaped batch (one token per sequence, logits in one chunk) is
      * recorded once per shape and context bucket and replayed where the
@@ -855,7 +879,7 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
         int max_pos = 0;
         for (int t = 0; t < n; t++) max_pos = b->pos[t] > max_pos ? b->pos[t] : max_pos;
         key = ((uint64_t)kn_ctx_bucket(max_pos) << 42) | ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) |
-              (b->argmax ? 2u : 0u) | 1u;
+              (b->argmax ? 2u : 0u) | (b->sample ? 4u : 0u) | 1u;
     }
     if (!(key && op->graph_replay(be, key))) {
         int recording = key && op->graph_begin(be, key);

@@ -65,7 +65,16 @@ typedef struct {
      * prefilled in chunks (transformers runs it as one forward); NULL or 0 =
      * the sequence's largest position in this batch + 1 */
     const int32_t *rope_len;
+    /* optional [n_logits] (needs argmax and kn_model_samples_on_backend):
+     * the logit rows are sampled on the backend under these parameters
+     * (base/sampling.h) with edits [n_edits] (each row's naming distinct
+     * tokens, at most KN_SAMPLE_MAX_EDITS in all); the ids land in argmax */
+    const kn_sample_params *sample;
+    const kn_logit_edit *edits;
+    int n_edits;
 } kn_batch;
+
+#define KN_SAMPLE_MAX_EDITS 65536
 
 struct kn_model {
     kn_model_config cfg;
@@ -105,6 +114,8 @@ struct kn_model {
     int ffn_max; /* widest ffn of any MLP (dense or shared expert) */
     int logits_rows; /* rows of the logits scratch */
     int32_t *d_tokens, *d_pos, *d_seq, *d_slots, *d_bt, *d_rows, *d_argmax;
+    kn_sample_params *d_sample; /* [max_chunk] rows of backend sampling; NULL without sample_rows */
+    kn_logit_edit *d_edits;     /* [KN_SAMPLE_MAX_EDITS] */
     int32_t *h_bt; /* host staging for block tables [max_seqs, max_blocks] */
     int32_t *d_bt_ring, *d_slots_ring, *h_bt_ring; /* the ring layers' block tables and slots (NULL: no ring) */
     int max_blocks;
@@ -146,6 +157,9 @@ void kn_model_free_internal(kn_model *m);
  * or when b->argmax asks for greedy ids instead.
  * The caller must have reserved KV blocks for every (seq, pos) in the batch. */
 kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error *err);
+
+/* 1 when b->sample can be used (the backend has sample_rows). */
+static inline int kn_model_samples_on_backend(const kn_model *m) { return m->d_sample != NULL; }
 
 /* Pieces of the shared decoder (llama.c) that family-specific forwards
  * (gemma3n.c) reuse; batch index arrays already uploaded. */

@@ -383,6 +383,24 @@ static void cpu_softmax(kn_backend *be, float *x, int rows, int dim) {
     }
 }
 
+/* sample_rows: the host rule itself (base/sampling.h), one row per thread */
+static void cpu_sample_rows(kn_backend *be, float *x, int rows, int V, const kn_sample_params *params,
+                            const kn_logit_edit *edits, int32_t *out) {
+#pragma omp parallel num_threads(be->n_threads) if (rows > 1)
+    {
+        kn_sample_scratch s = {0};
+        const int ok = kn_sample_scratch_init(&s, V) == 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int r = 0; r < rows; r++) {
+            float *row = x + (size_t)r * V;
+            kn_logit_edits_apply(row, V, edits + params[r].edit0, params[r].n_edits);
+            /* out of memory for the scratch: greedy rather than nothing */
+            out[r] = ok ? kn_sample_row(row, V, &params[r], &s) : kn_sample_argmax(row, V);
+        }
+        kn_sample_scratch_free(&s);
+    }
+}
+
 static void cpu_argmax_rows(kn_backend *be, const float *x, int rows, int dim, int32_t *out) {
 #pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 1)
     for (int r = 0; r < rows; r++) {
@@ -465,6 +483,7 @@ static const kn_backend_vtbl cpu_vtbl = {
     .stream_mix = kn_cpu_stream_mix,
     .rms_match = kn_cpu_rms_match,
     .gaussian_topk = kn_cpu_gaussian_topk,
+    .sample_rows = cpu_sample_rows,
 };
 
 /* Attention scratch holds one score row per thread; sized for the longest

@@ -30,6 +30,8 @@ extern "C" void kn_cuda_stream_mix(kn_backend *be, const float *src, int n_src, 
                                    int64_t stream_stride, const float *w, float w_add, int rows, int dim);
 extern "C" void kn_cuda_rms_match(kn_backend *be, float *x, const float *ref, int rows, int dim, float floor);
 extern "C" void kn_cuda_gaussian_topk(kn_backend *be, float *x, int64_t x_stride, int rows, int dim, float mult);
+extern "C" void kn_cuda_sample_rows(kn_backend *be, float *x, int rows, int V, const kn_sample_params *params,
+                                    const kn_logit_edit *edits, int32_t *out);
 extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
 
 typedef kn_cuda_backend cuda_backend;
@@ -543,6 +545,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     cu_fused_matmul,
     NULL,                      /* kv_convert: delayed KV conversion is CPU-only so far */
     kn_cuda_stream_mix, kn_cuda_rms_match, kn_cuda_gaussian_topk, /* cuda_ops_models.cu (gemma3n) */
+    kn_cuda_sample_rows,       /* cuda_sample.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

@@ -78,6 +78,11 @@ WRAP(kv_write, "kv_write",
 WRAP(attention, "attention", (kn_backend * be, const kn_attention_args *a), (be, a))
 WRAP(swiglu, "swiglu", (kn_backend * be, const float *gu, int rows, int dim, float *out), (be, gu, rows, dim, out))
 WRAP(add, "add", (kn_backend * be, float *y, const float *x, int64_t n), (be, y, x, n))
+WRAP(sample_rows, "sample_rows",
+     (kn_backend * be, float *x, int rows, int V, const kn_sample_params *p, const kn_logit_edit *e, int32_t *out),
+     (be, x, rows, V, p, e, out))
+WRAP(argmax_rows, "argmax_rows", (kn_backend * be, const float *x, int rows, int dim, int32_t *out),
+     (be, x, rows, dim, out))
 WRAP(gather_rows, "gather_rows", (kn_backend * be, const float *x, int64_t dim, const int32_t *rows, int n, float *out),
      (be, x, dim, rows, n, out))
 
@@ -139,6 +144,7 @@ const kn_backend_vtbl *kn_cuda_profile_vtbl(const kn_backend_vtbl *real) {
     prof_vt.kv_write = p_kv_write, prof_vt.attention = p_attention, prof_vt.swiglu = p_swiglu, prof_vt.add = p_add;
     prof_vt.gather_rows = p_gather_rows, prof_vt.sync = p_sync, prof_vt.download = p_download;
     prof_vt.destroy = p_destroy, prof_vt.fused_matmul = p_fused_matmul;
+    prof_vt.sample_rows = p_sample_rows, prof_vt.argmax_rows = p_argmax_rows;
     prof_vt.graph_replay = NULL, prof_vt.graph_begin = NULL, prof_vt.graph_end = NULL;
     return &prof_vt;
 }

@@ -972,7 +972,9 @@ int main(void) {
         test_fused_matmul(KN_DT_BF16, m, 42, 776, 0, KN_EPI_SWIGLU, 1);
         test_fused_matmul(KN_DT_BF16, m, 40, 12, 1, KN_EPI_NONE, 0); /* K % 8 != 0: may decline */
     }
-    test_fused_matmul(KN_DT_BF16, 5, 74, 1024, 1, KN_EPI_SWIGLU, 1); /* GEMM-shaped (CUDA: norm+round, cuBLAS) */
+    test_fused_matmul(KN_DT_BF16, 1, 40, 4096, 1, KN_EPI_NONE, 1); /* CUDA: a whole row's loads in flight */
+    test_fused_matmul(KN_DT_F16, 1, 24, 6152, 0, KN_EPI_NONE, 0);
+        test_fused_matmul(KN_DT_BF16, 5, 74, 1024, 1, KN_EPI_SWIGLU, 1); /* GEMM-shaped (CUDA: norm+round, cuBLAS) */
     test_fused_matmul(KN_DT_F16, 40, 96, 512, 1, KN_EPI_NONE, 0);
     test_quant_ops();
     test_rms_norm(1, 1, 64);

@@ -206,7 +206,7 @@ static void check_fixture(const char *name) {
         CHECK(kli <= 2e-3, "%s: incremental vs prefill mean KL %.3g > 2e-3", name, kli);
         printf(", incremental KL %.2e", kli);
     } else {
-        CHECK(maxi <= 2e-5 * gscale, "%s: incremental vs prefill max |d| %.3g", name, maxi);
+        CHECK(maxi <= 1e-4 * gscale, "%s: incremental vs prefill max |d| %.3g", name, maxi); /* the fp32 parity bound */
         printf(", incremental %.2e", maxi / gscale);
     }
 greedy:;
@@ -363,8 +363,9 @@ static void check_sliding_ring_one(const char *name, const char *cfg_json, const
         kn_backend *be;
         kn_model_config c = cfg;
         c.sliding_kv_full = full;
-        if (kn_backend_create(getenv("KILN_TEST_BACKEND"), 2, &be, &err) ||
-            kn_model_build_kv(&c, &src, be, ctx, 2, kv ? &spec : NULL, full ? &mf : &mr, &err)) {
+        /* 512-token chunks on every backend, so the ring (window + chunk - 1) stays shorter than ctx */
+        if (!kn_backend_create(getenv("KILN_TEST_BACKEND"), 2, &be, &err)) be->prefill_chunk = 512;
+        if (err.code || kn_model_build_kv(&c, &src, be, ctx, 2, kv ? &spec : NULL, full ? &mf : &mr, &err)) {
             CHECK(0, "ring %s: build: %s", name, err.msg);
             goto out;
         }

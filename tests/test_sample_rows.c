@@ -89,14 +89,14 @@ static int ref_sample(const float *x, int V, const kn_sample_params *p, int *nea
     for (int j = 0; j < keep; j++) kept[o[j].i] = 1;
     double mass = 0.0;
     for (int i = 0; i < V; i++)
-        if (kept[i]) mass += exp((double)(x[i] / p->temperature) - mx);
+        if (kept[i] && x[i] == x[i]) mass += exp((double)(x[i] / p->temperature) - mx);
     const double target = p->u * mass;
     double acc = 0.0;
     int tok = -1, last = -1;
     for (int i = 0; i < V; i++) {
         if (!kept[i]) continue;
         last = i;
-        acc += exp((double)(x[i] / p->temperature) - mx);
+        if (x[i] == x[i]) acc += exp((double)(x[i] / p->temperature) - mx); /* NaN: no mass */
         if (fabs(acc - target) <= 1e-6 * mass) *near = 1;
         if (tok < 0 && target < acc) tok = i;
     }

@@ -123,8 +123,8 @@ int32_t kn_sample_row(const float *x, int V, const kn_sample_params *sp, kn_samp
     qsort(kept, (size_t)keep, sizeof *kept, cmp_i32);
     double mass = 0.0;
     for (int i = 0; i < keep; i++) {
-        float v = x[kept[i]] / sp->temperature;
-        mass += (w[i] = exp((double)v - mx));
+        const float v = x[kept[i]] / sp->temperature; /* kept: never NaN (NaN has no mass) */
+        mass += (w[i] = v != v ? 0.0 : exp((double)v - mx));
     }
     const double target = sp->u * mass;
     double acc = 0.0;

@@ -275,7 +275,7 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
     cpu_backend *c = cpu(be);
     const kn_kv_layer *kv = a->kv;
     if (kv->k_fmt != KN_KVF_F32 || kv->v_fmt != KN_KVF_F32) {
-        kn_cpu_attention_kv(be, a, c->attn_scratch, c->attn_scratch_len);
+        kn_cpu_attention_kv(be, c->k, a, c->attn_scratch, c->attn_scratch_len);
         return;
     }
     const float *kv_k = kv->k, *kv_v = kv->v;

@@ -63,7 +63,24 @@ void kn_cpu_kv_convert(kn_backend *be, const kn_kv_layer *kv, const int32_t *src
     }
 }
 
-void kn_cpu_attention_kv(kn_backend *be, const kn_attention_args *a, float *scratch, int64_t scratch_len) {
+/* Row of D elements in format f as float: rotated formats stay in the rotated
+ * domain unless unrot (then as kn_kv_decode). bf16 and f32 rows (the default
+ * cache) are converted in one pass instead of element by element. */
+static inline void decode_row(int f, const uint8_t *src, int D, const kn_kv_aux *aux, int unrot, float *row) {
+    if (f == KN_KVF_BF16) {
+        for (int d = 0; d < D; d++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * d, 2);
+            uint32_t u = (uint32_t)h << 16;
+            memcpy(row + d, &u, 4);
+        }
+    } else if (f == KN_KVF_F32) memcpy(row, src, (size_t)D * sizeof(float));
+    else if (unrot) kn_kv_decode(f, src, D, aux, row);
+    else kn_kv_decode_rot(f, src, D, aux, row);
+}
+
+void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_attention_args *a, float *scratch,
+                         int64_t scratch_len) {
     const kn_kv_layer *kv = a->kv;
     const int D = kv->head_dim, nkv = kv->n_kv_heads, G = a->n_heads / nkv, bs = kv->block_size;
     const int kf = kv->k_fmt, vf = kv->v_fmt, krot = kn_kv_fmt_rotated(kf), vrot = kn_kv_fmt_rotated(vf);
@@ -103,14 +120,12 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_attention_args *a, float *scra
                     const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
                     const int staged = blk >= n_main;
                     if (staged)
-                        kn_kv_decode(kv->s_fmt, (const uint8_t *)kv->sk + ((slot - n_main * bs) * nkv + kvh) * sb, D,
-                                     &none, row);
-                    else kn_kv_decode_rot(kf, (const uint8_t *)kv->k + (slot * nkv + kvh) * kb, D, &ak, row);
+                        decode_row(kv->s_fmt, (const uint8_t *)kv->sk + ((slot - n_main * bs) * nkv + kvh) * sb, D,
+                                   &none, 1, row);
+                    else decode_row(kf, (const uint8_t *)kv->k + (slot * nkv + kvh) * kb, D, &ak, 0, row);
                     for (int g = 0; g < ng; g++) {
                         const float *qg = (staged && krot ? qp : qr) + (size_t)g * D;
-                        float s = 0.0f;
-                        for (int d = 0; d < D; d++) s += qg[d] * row[d];
-                        s *= a->scale;
+                        float s = k->dot(qg, row, D) * a->scale;
                         if (a->softcap > 0.0f) s = tanhf(s / a->softcap) * a->softcap;
                         sc[(int64_t)g * n + (j - lo)] = s;
                         if (s > mx[g]) mx[g] = s;
@@ -127,17 +142,14 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_attention_args *a, float *scra
                     const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
                     const int staged = blk >= n_main;
                     if (staged)
-                        kn_kv_decode(kv->s_fmt, (const uint8_t *)kv->sv + ((slot - n_main * bs) * nkv + kvh) * sb, D,
-                                     &none, row);
-                    else kn_kv_decode_rot(vf, (const uint8_t *)kv->v + (slot * nkv + kvh) * vb, D, &av, row);
+                        decode_row(kv->s_fmt, (const uint8_t *)kv->sv + ((slot - n_main * bs) * nkv + kvh) * sb, D,
+                                   &none, 1, row);
+                    else decode_row(vf, (const uint8_t *)kv->v + (slot * nkv + kvh) * vb, D, &av, 0, row);
                     /* staged rows are plain: next to rotated values they get their own accumulator */
                     float *base = staged && vrot ? ap : acc;
                     if (staged && vrot && !any_plain) memset(ap, 0, (size_t)ng * D * sizeof(float)), any_plain = 1;
-                    for (int g = 0; g < ng; g++) {
-                        const float w = sc[(int64_t)g * n + (j - lo)] * inv[g];
-                        float *ag = base + (size_t)g * D;
-                        for (int d = 0; d < D; d++) ag[d] += w * row[d];
-                    }
+                    for (int g = 0; g < ng; g++)
+                        k->axpy(base + (size_t)g * D, sc[(int64_t)g * n + (j - lo)] * inv[g], row, D);
                 }
                 for (int g = 0; g < ng; g++) {
                     float *ag = acc + (size_t)g * D;

@@ -51,6 +51,15 @@ typedef struct {
     void (*qpack_a)(const float *x, int M, int64_t K, int bits, int t0, int t1, float *apf);
     int (*qgemm)(const float *apf, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1,
                  float *wb);
+    /* Optional (NULL: callers decode rows and use dot/axpy): attention over
+     * n bf16 rows of D elements (D % 16 == 0), row j at rows + j * stride
+     * bytes, for ng query heads (q_g = q + g * D, acc_g = acc + g * D).
+     * dot_rows_bf16: s[g * ld + j] = q_g . row_j;
+     * axpy_rows_bf16: acc_g[d] += sum_j w[g * ld + j] * row_j[d]. */
+    void (*dot_rows_bf16)(const float *q, int ng, int D, const uint8_t *rows, int64_t stride, int n, float *s,
+                          int64_t ld);
+    void (*axpy_rows_bf16)(float *acc, int ng, int D, const uint8_t *rows, int64_t stride, int n, const float *w,
+                           int64_t ld);
 } kn_cpu_kernels;
 
 /* Room for qgemv_prep's output: at most 3 bytes per element of K padded to

@@ -282,69 +282,83 @@ ALWAYS_INLINE __m512 load_sb(const void *p, int64_t i, __mmask16 k, kn_dtype dt)
     return _mm512_cvtph_ps(h);
 }
 
+/* Weight row n against mr rows of prep (stride L->stride) into out[i * N + n]. */
+ALWAYS_INLINE void qgemv_rows(const uint8_t *prep, const qlay *L, int mr, const kn_weight *w, int64_t n,
+                              const float *bias, float *out, int bits, kn_dtype sdt) {
+    const int64_t K = w->cols, N = w->rows, G = K / w->group_size;
+    const int gs = w->group_size, lg = __builtin_ctz((unsigned)gs);
+    const int64_t row_bytes = K * bits / 8, esz = sdt == KN_DT_F32 ? 4 : 2;
+    const int cb = 64; /* code bytes per chunk (CE * bits / 8) */
+    const int64_t tail = row_bytes - (L->nch - 1) * cb;
+    const __mmask64 tmask = tail >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << tail) - 1);
+    const __m512i lane_e = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(L->epl));
+    const __m512i nib = _mm512_set1_epi8(15);
+    const uint8_t *codes = (const uint8_t *)w->data + n * row_bytes;
+    const char *scr = (const char *)w->scales + n * G * esz, *bir = (const char *)w->biases + n * G * esz;
+    /* the scale and bias streams run 1/16 as fast as the codes': fetch them well ahead */
+    _mm_prefetch(scr + 16 * G * esz, _MM_HINT_T0);
+    _mm_prefetch(bir + 16 * G * esz, _MM_HINT_T0);
+    __m512 acc[4], bacc[4];
+    for (int i = 0; i < mr; i++) acc[i] = bacc[i] = _mm512_setzero_ps();
+    for (int64_t gb = 0; gb < G; gb += 16) {
+        const __mmask16 gm = G - gb >= 16 ? 0xffff : (__mmask16)((1u << (G - gb)) - 1);
+        const __m512 sv = load_sb(scr, gb, gm, sdt), bv = load_sb(bir, gb, gm, sdt);
+        for (int i = 0; i < mr; i++) {
+            const float *xs = (const float *)(prep + i * L->stride + L->xs_off);
+            bacc[i] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(gm, xs + gb), bacc[i]);
+        }
+        const int64_t c0 = gb * gs / L->ce, c1e = (gb + 16) * gs / L->ce, c1 = c1e < L->nch ? c1e : L->nch;
+        __m512i e = lane_e; /* element offset of each lane from the block's first */
+        for (int64_t c = c0; c < c1; c++, e = _mm512_add_epi32(e, _mm512_set1_epi32(L->ce))) {
+            const __m512 f = _mm512_permutexvar_ps(_mm512_srli_epi32(e, lg), sv);
+            const uint8_t *cp = codes + c * cb;
+            _mm_prefetch((const char *)cp + 1024, _MM_HINT_T0);
+            const __m512i v = c == L->nch - 1 ? _mm512_maskz_loadu_epi8(tmask, cp) : _mm512_loadu_si512(cp);
+            __m512i lo = v, hi = v;
+            if (bits == 4) lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            for (int i = 0; i < mr; i++) {
+                const uint8_t *row = prep + i * L->stride;
+                const int8_t *xq = (const int8_t *)row + c * L->ce * 2;
+                __m512i ah, al;
+                if (bits == 4) {
+                    ah = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xq));
+                    ah = _mm512_dpbusd_epi32(ah, hi, _mm512_load_si512(xq + 64));
+                    al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512(xq + 128));
+                    al = _mm512_dpbusd_epi32(al, hi, _mm512_load_si512(xq + 192));
+                } else {
+                    ah = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_load_si512(xq));
+                    al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_load_si512(xq + 64));
+                }
+                const __m512i t = _mm512_add_epi32(_mm512_slli_epi32(ah, 8), al);
+                const __m512 xf = _mm512_load_ps((const float *)(row + L->xf_off) + c * 16);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(f, xf), acc[i]);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        out[(int64_t)i * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], bacc[i])) + (bias ? bias[n] : 0.0f);
+}
+
 /* sum_k x_k (s q_k + b) = s * sum_k x_k q_k + b * sum_k x_k per group. The
  * code bytes are dotted with x's int8 h and l by vpdpbusd (exact integer
  * sums), the chunk's (h << 8) + l per lane converted to f32 and scaled by the
- * lane's group scale times x's block scale. */
+ * lane's group scale times x's block scale. Up to 4 rows of x per pass over
+ * a weight row (constant counts: accumulators stay in registers). */
 ALWAYS_INLINE void qgemv_t(const uint8_t *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
                            int64_t n1, int bits, kn_dtype sdt) {
-    const int64_t K = w->cols, N = w->rows, G = K / w->group_size;
-    const int gs = w->group_size, lg = __builtin_ctz((unsigned)gs);
-    const qlay L = qlayout(K, bits, gs);
-    const int64_t row_bytes = K * bits / 8, esz = sdt == KN_DT_F32 ? 4 : 2;
-    const int cb = 64; /* code bytes per chunk (CE * bits / 8) */
-    const int64_t tail = row_bytes - (L.nch - 1) * cb;
-    const __mmask64 tmask = tail >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << tail) - 1);
-    const __m512i lane_e = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                              _mm512_set1_epi32(L.epl));
-    const __m512i nib = _mm512_set1_epi8(15);
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t *codes = (const uint8_t *)w->data + n * row_bytes;
-        const char *scr = (const char *)w->scales + n * G * esz, *bir = (const char *)w->biases + n * G * esz;
+    const qlay L = qlayout(w->cols, bits, w->group_size);
+    for (int64_t n = n0; n < n1; n++)
         for (int m0 = 0; m0 < M; m0 += 4) {
-            const int mr = M - m0 < 4 ? M - m0 : 4;
-            __m512 acc[4], bacc[4];
-            for (int i = 0; i < 4; i++) acc[i] = bacc[i] = _mm512_setzero_ps();
-            for (int64_t gb = 0; gb < G; gb += 16) {
-                const __mmask16 gm = G - gb >= 16 ? 0xffff : (__mmask16)((1u << (G - gb)) - 1);
-                const __m512 sv = load_sb(scr, gb, gm, sdt), bv = load_sb(bir, gb, gm, sdt);
-                for (int i = 0; i < 4; i++) {
-                    if (i >= mr) break;
-                    const float *xs = (const float *)(prep + (m0 + i) * L.stride + L.xs_off);
-                    bacc[i] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(gm, xs + gb), bacc[i]);
-                }
-                const int64_t c0 = gb * gs / L.ce, c1e = (gb + 16) * gs / L.ce, c1 = c1e < L.nch ? c1e : L.nch;
-                __m512i e = lane_e; /* element offset of each lane from the block's first */
-                for (int64_t c = c0; c < c1; c++, e = _mm512_add_epi32(e, _mm512_set1_epi32(L.ce))) {
-                    const __m512 f = _mm512_permutexvar_ps(_mm512_srli_epi32(e, lg), sv);
-                    const uint8_t *cp = codes + c * cb;
-                    _mm_prefetch((const char *)cp + 1024, _MM_HINT_T0);
-                    const __m512i v = c == L.nch - 1 ? _mm512_maskz_loadu_epi8(tmask, cp) : _mm512_loadu_si512(cp);
-                    for (int i = 0; i < 4; i++) {
-                        if (i >= mr) break;
-                        const uint8_t *row = prep + (m0 + i) * L.stride;
-                        const int8_t *xq = (const int8_t *)row + c * L.ce * 2;
-                        __m512i ah, al;
-                        if (bits == 4) {
-                            const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                            ah = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
-                            ah = _mm512_dpbusd_epi32(ah, hi, _mm512_loadu_si512(xq + 64));
-                            al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq + 128));
-                            al = _mm512_dpbusd_epi32(al, hi, _mm512_loadu_si512(xq + 192));
-                        } else {
-                            ah = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_loadu_si512(xq));
-                            al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, _mm512_loadu_si512(xq + 64));
-                        }
-                        const __m512i t = _mm512_add_epi32(_mm512_slli_epi32(ah, 8), al);
-                        const __m512 xf = _mm512_loadu_ps((const float *)(row + L.xf_off) + c * 16);
-                        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(f, xf), acc[i]);
-                    }
-                }
+            const uint8_t *p = prep + m0 * L.stride;
+            float *o = out + (int64_t)m0 * w->rows;
+            switch (M - m0 < 4 ? M - m0 : 4) {
+            case 1: qgemv_rows(p, &L, 1, w, n, bias, o, bits, sdt); break;
+            case 2: qgemv_rows(p, &L, 2, w, n, bias, o, bits, sdt); break;
+            case 3: qgemv_rows(p, &L, 3, w, n, bias, o, bits, sdt); break;
+            default: qgemv_rows(p, &L, 4, w, n, bias, o, bits, sdt); break;
             }
-            for (int i = 0; i < mr; i++)
-                out[(int64_t)(m0 + i) * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], bacc[i])) + (bias ? bias[n] : 0.0f);
         }
-    }
 }
 
 static int qgemv_avx512(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
@@ -465,6 +479,49 @@ static int qgemm_avx512(const float *apf, int M, const kn_weight *w, const float
     return 1;
 }
 
+/* ---- attention over bf16 KV rows ------------------------------------------ */
+
+ALWAYS_INLINE __m512 bf16x16(const uint8_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static void dot_rows_bf16_avx512(const float *q, int ng, int D, const uint8_t *rows, int64_t stride, int n, float *s,
+                                 int64_t ld) {
+    for (int j = 0; j < n; j++) {
+        const uint8_t *r = rows + j * stride;
+        if (j + 2 < n) _mm_prefetch((const char *)(r + 2 * stride), _MM_HINT_T0);
+        for (int g = 0; g < ng; g++) {
+            const float *qg = q + (int64_t)g * D;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+            int d = 0;
+            for (; d + 32 <= D; d += 32) {
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + d), bf16x16(r + 2 * d), a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + d + 16), bf16x16(r + 2 * d + 32), a1);
+            }
+            if (d < D) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + d), bf16x16(r + 2 * d), a0);
+            s[(int64_t)g * ld + j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        }
+    }
+}
+
+static void axpy_rows_bf16_avx512(float *acc, int ng, int D, const uint8_t *rows, int64_t stride, int n,
+                                  const float *w, int64_t ld) {
+    for (int g = 0; g < ng; g++)
+        for (int d0 = 0; d0 < D; d0 += 64) { /* 64 columns of acc_g in registers over all n rows */
+            const int nv = D - d0 >= 64 ? 4 : (D - d0) / 16;
+            float *ag = acc + (int64_t)g * D + d0;
+            __m512 a[4];
+            for (int v = 0; v < 4; v++) a[v] = v < nv ? _mm512_loadu_ps(ag + 16 * v) : _mm512_setzero_ps();
+            for (int j = 0; j < n; j++) {
+                const uint8_t *r = rows + j * stride + 2 * d0;
+                const __m512 wj = _mm512_set1_ps(w[(int64_t)g * ld + j]);
+                for (int v = 0; v < 4; v++)
+                    if (v < nv) a[v] = _mm512_fmadd_ps(wj, bf16x16(r + 32 * v), a[v]);
+            }
+            for (int v = 0; v < nv; v++) _mm512_storeu_ps(ag + 16 * v, a[v]);
+        }
+}
+
 /* ---- the kernel set ------------------------------------------------------ */
 
 static kn_cpu_kernels avx512_set;
@@ -481,6 +538,8 @@ static void avx512_init(void) {
         avx512_set.qgemv = qgemv_avx512;
     }
     avx512_set.qpack_a = pack_a_f32_avx512;
+    avx512_set.dot_rows_bf16 = dot_rows_bf16_avx512;
+    avx512_set.axpy_rows_bf16 = axpy_rows_bf16_avx512;
     avx512_set.qgemm = qgemm_avx512;
 }
 

@@ -29,6 +29,8 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "base/quant.h"
 
+
+
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 ALWAYS_INLINE __m512 load16(const void *w, int64_t i, kn_dtype dt) {
@@ -283,6 +285,10 @@ ALWAYS_INLINE __m512 load_sb(const void *p, int64_t i, __mmask16 k, kn_dtype dt)
 }
 
 /* Weight row n against mr rows of prep (stride L->stride) into out[i * N + n]. */
+/* how far ahead of the code stream qgemv prefetches: measured on Zen 5 (2
+ * threads, 0.44B 4-bit), 3 KiB beat 0.5-2 KiB and 4 KiB */
+#define QGEMV_PREFETCH_BYTES 3072
+
 ALWAYS_INLINE void qgemv_rows(const uint8_t *prep, const qlay *L, int mr, const kn_weight *w, int64_t n,
                               const float *bias, float *out, int bits, kn_dtype sdt) {
     const int64_t K = w->cols, N = w->rows, G = K / w->group_size;
@@ -313,7 +319,7 @@ ALWAYS_INLINE void qgemv_rows(const uint8_t *prep, const qlay *L, int mr, const 
         for (int64_t c = c0; c < c1; c++, e = _mm512_add_epi32(e, _mm512_set1_epi32(L->ce))) {
             const __m512 f = _mm512_permutexvar_ps(_mm512_srli_epi32(e, lg), sv);
             const uint8_t *cp = codes + c * cb;
-            _mm_prefetch((const char *)cp + 1024, _MM_HINT_T0);
+            _mm_prefetch((const char *)cp + QGEMV_PREFETCH_BYTES, _MM_HINT_T0);
             const __m512i v = c == L->nch - 1 ? _mm512_maskz_loadu_epi8(tmask, cp) : _mm512_loadu_si512(cp);
             __m512i lo = v, hi = v;
             if (bits == 4) lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);

@@ -101,6 +101,10 @@ static void qgemm(const kn_cpu_kernels *k, const float *x, int M, const kn_weigh
     }
 }
 
+#ifndef QGEMV_SPLIT
+#define QGEMV_SPLIT 2
+#endif
+
 /* The kernel set's packed-code GEMV (AVX-512); 0 when it does not apply. */
 static int qgemv_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, size_t *prep_floats, const float *x,
                       int M, const kn_weight *w, const float *bias, float *out) {
@@ -115,7 +119,12 @@ static int qgemv_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, siz
     }
     void *xp = *prep;
     k->qgemv_prep(x, M, K, w->bits, w->group_size, xp);
-    const int64_t chunk = 128, n_chunks = (N + chunk - 1) / chunk;
+    /* one contiguous run of rows per thread: each thread's prefetchers see a
+     * single stream (measured on the 2-core Zen 5, 0.44B 4-bit decode: ~125
+     * tok/s against ~110 with 128-row chunks handed out dynamically, ~100
+     * with 16-row ones) */
+    const int64_t chunk = (N + be->n_threads - 1) / be->n_threads;
+    const int64_t n_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 1)
     for (int64_t ch = 0; ch < n_chunks; ch++) {
         int64_t n0 = ch * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;

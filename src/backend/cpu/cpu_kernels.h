@@ -62,8 +62,9 @@ typedef struct {
                            int64_t ld);
 } kn_cpu_kernels;
 
-/* Room for qgemv_prep's output: at most 3 bytes per element of K padded to
- * 128, 64 bytes per 64 elements and a float per group, per row of x. */
+/* Room for qgemv_prep's output, per row of x: at most 3 bytes per element of
+ * K padded to 128 (two int8 terms and per-lane block scales), a float per
+ * group, 64 bytes of alignment. */
 static inline size_t kn_qgemv_prep_floats(int M, int64_t K, int64_t G) {
     return (size_t)M * (size_t)(K + G + 160);
 }

@@ -15,10 +15,11 @@
  * qgemv (with VNNI): MLX affine 4/8-bit GEMV reading the packed codes:
  *   sum_k x_k (s q_k + b) = s * sum_k x_k q_k + b * sum_k x_k per group. The
  *   code bytes (nibbles split with and/shift) go straight into vpdpbusd
- *   against x in 16.8 fixed point (two int8 terms per element, scaled per
- *   32-element block: |error| <= max|x over the block| / 32512), integer sums
- *   per dword lane scaled by the lane's group scale in f32; the biases' term
- *   uses exact f32 group sums of x. prep is computed once per matmul.
+ *   against x as two int8 terms per element (x ~ xscale * (h + l / 256),
+ *   xscale per 32-element block: |error| <= max|x over the block| / 32512);
+ *   integer sums per dword lane are scaled by the lane's group scale in f32;
+ *   the biases' term uses exact f32 group sums of x. prep is computed once
+ *   per matmul.
  * qgemm: MLX affine prefill: 12 weight rows at a time dequantized into an
  *   f32 buffer (scale * q + bias, as the reference), then a 32 x 12 f32 FMA
  *   register tile over all of K with x in f32 (exact products). */
@@ -193,8 +194,8 @@ static void gemm_bf16_avx512(const uint32_t *apk, int M, const kn_weight *wt, co
 
 /* qgemv_prep's form of x (one row of x per stride bytes of prep):
  *   xq: per chunk of CE elements (CE = 128 for 4-bit codes, 64 for 8-bit;
- *       zero past K) the 16.8 fixed-point x / xscale split into two int8
- *       vectors h and l (x ~ xscale * (h + l / 256)), each in the order the
+ *       zero past K) x / xscale split into two int8 vectors h and l
+ *       (x ~ xscale * (h + l / 256)), each in the order the
  *       chunk's code bytes hold the elements: 8-bit as is; 4-bit the 64 low
  *       nibbles' elements (2j) then the 64 high nibbles' (2j + 1). So one
  *       chunk is [h][l] (8-bit) or [h even][h odd][l even][l odd] (4-bit).
@@ -244,8 +245,10 @@ static void qgemv_prep_avx512(const float *x, int M, int64_t K, int bits, int gs
                 const int64_t left = K - k;
                 const __mmask16 m0 = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
                 const __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-                __m512 lo = _mm512_maskz_loadu_ps(m0, xr + (m0 ? k : 0)), hi = _mm512_maskz_loadu_ps(m1, xr + (m1 ? k + 16 : 0));
-                const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, absmask), _mm512_and_ps(hi, absmask)));
+                const __m512 lo = _mm512_maskz_loadu_ps(m0, xr + (m0 ? k : 0));
+                const __m512 hi = _mm512_maskz_loadu_ps(m1, xr + (m1 ? k + 16 : 0));
+                const float mx =
+                    _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, absmask), _mm512_and_ps(hi, absmask)));
                 const __m512 inv = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
                 const float fac = mx / 127.0f / 256.0f;
                 __m128i h0, l0, h1, l1;
@@ -422,7 +425,8 @@ static void dequant_row(const uint8_t *codes, const void *sc, const void *bi, in
     for (int64_t k = 0; k < K; k += 32, codes += chunk_bytes) {
         __m512 v0, v1;
         codes32(codes, bits, &v0, &v1);
-        const __m512 s = _mm512_set1_ps(kn_load_f32(sc, dt, i0 + k / gs)), b = _mm512_set1_ps(kn_load_f32(bi, dt, i0 + k / gs));
+        const __m512 s = _mm512_set1_ps(kn_load_f32(sc, dt, i0 + k / gs));
+        const __m512 b = _mm512_set1_ps(kn_load_f32(bi, dt, i0 + k / gs));
         _mm512_storeu_ps(out + k, _mm512_fmadd_ps(v0, s, b));
         _mm512_storeu_ps(out + k + 16, _mm512_fmadd_ps(v1, s, b));
     }

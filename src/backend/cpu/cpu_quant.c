@@ -2,11 +2,15 @@
  *
  * The weight stays packed in one allocation: codes, then scales and biases in
  * the checkpoint's dtype (bf16/f16 as MLX writes them: 4 bytes a group
- * instead of 8 widened; f32 kept as is). Kernels dequantize one group (decode) or one KC x NC tile (prefill)
- * at a time into a small float buffer with exactly quant.h's arithmetic
- * (scale * q + bias in float32) and take the dot products with the kernel
- * set's dot (AVX2 where present), so results match a float32 matmul over the
- * dequantized matrix up to summation order. */
+ * instead of 8 when widened; f32 kept as is). The portable kernels
+ * dequantize one group (decode) or one KC x NC tile (prefill) at a time into
+ * a small float buffer with exactly quant.h's arithmetic (scale * q + bias in
+ * float32) and take the dot products with the kernel set's dot, so results
+ * match a float32 matmul over the dequantized matrix up to summation order.
+ * The AVX-512 set's decode GEMV (VNNI) instead dots the codes with x as two
+ * int8 terms per element, x ~ xscale * (h + l / 256) per 32-element block
+ * (|error| <= max|x over the block| / 32512 per element; see
+ * cpu_kernels_avx512.c); its prefill GEMM is the f32 one. */
 #include "backend/cpu/cpu_quant.h"
 
 #include <omp.h>

@@ -36,15 +36,18 @@ enum { KN_GELU_ERF = 0, KN_GELU_TANH = 1 };
  * Quantized weights (bits > 0, MLX affine, dtype KN_DT_U32): data holds the
  * packed codes [rows, cols * bits / 32] uint32 (element c of a row sits in
  * word c / (32/bits) at bit offset bits * (c % (32/bits))), followed in the
- * same allocation by scales and biases [rows, cols / group_size] float32;
- * element (r, c) = scales[r, c/gs] * q + biases[r, c/gs]. */
+ * same allocation by scales and biases [rows, cols / group_size] in sb_dtype
+ * (the CPU backend keeps the checkpoint's F32/BF16/F16 values as they are,
+ * 2 bytes a group each for 16-bit checkpoints; the CUDA backend widens them
+ * to F32); element (r, c) = scales[r, c/gs] * q + biases[r, c/gs] in float32. */
 typedef struct {
     kn_dtype dtype;
     int64_t rows, cols;
     const void *data;
     int owned; /* 1: freed by kn_be_weight_free */
     int bits, group_size;         /* 0 = not quantized */
-    const float *scales, *biases; /* quantized only: inside data's allocation */
+    const void *scales, *biases; /* quantized only: inside data's allocation */
+    kn_dtype sb_dtype;            /* quantized only: scales/biases element type */
 } kn_weight;
 
 /* Host description of an MLX affine-quantized weight for weight_load_quant:
@@ -246,7 +249,7 @@ typedef struct kn_backend_vtbl {
     /* y[r, j] *= x[r * x_stride + j] for r < rows, j < dim (gemma4 per-layer inputs) */
     void (*mul_rows)(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim);
     /* optional (NULL: no quantized weights): load an MLX affine-quantized
-     * weight, kept packed (scales/biases widened to f32). matmul, matmul_add
+     * weight, kept packed (scales/biases as kn_weight says). matmul, matmul_add
      * and embed then accept it. */
     kn_code (*weight_load_quant)(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
     /* optional (NULL, or returns 0 having enqueued nothing: the caller runs the
@@ -321,7 +324,8 @@ kn_code kn_be_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_wei
 /* Bytes a weight occupies (packed codes plus scales/biases when quantized). */
 static inline int64_t kn_weight_bytes(const kn_weight *w) {
     if (!w->data) return 0;
-    if (w->bits) return w->rows * (w->cols * w->bits / 8 + 2 * (w->cols / w->group_size) * 4);
+    if (w->bits)
+        return w->rows * (w->cols * w->bits / 8 + 2 * (w->cols / w->group_size) * (int64_t)kn_dtype_size(w->sb_dtype));
     return w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype);
 }
 static inline void kn_be_weight_free(kn_backend *be, kn_weight *w) {

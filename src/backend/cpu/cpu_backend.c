@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "backend/backend.h"
@@ -32,11 +33,21 @@ typedef struct {
 
 static cpu_backend *cpu(kn_backend *be) { return (cpu_backend *)be; }
 
-static void *cpu_alloc(kn_backend *be, size_t bytes) {
-    (void)be;
+void *kn_cpu_alloc(size_t bytes) {
     void *p = NULL;
+    if (bytes >= KN_CPU_HUGE_MIN) { /* weights and caches: whole 2 MiB pages where the kernel gives them */
+        const size_t sz = (bytes + KN_CPU_HUGE_MIN - 1) & ~(KN_CPU_HUGE_MIN - 1);
+        if (posix_memalign(&p, KN_CPU_HUGE_MIN, sz) != 0) return NULL;
+        (void)madvise(p, sz, MADV_HUGEPAGE); /* a hint: without it (or THP off) the pages are 4 KiB */
+        return p;
+    }
     if (posix_memalign(&p, 64, bytes ? (bytes + 63) & ~(size_t)63 : 64) != 0) return NULL;
     return p;
+}
+
+static void *cpu_alloc(kn_backend *be, size_t bytes) {
+    (void)be;
+    return kn_cpu_alloc(bytes);
 }
 
 static void cpu_free(kn_backend *be, void *p) { (void)be; free(p); }
@@ -275,7 +286,7 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
     cpu_backend *c = cpu(be);
     const kn_kv_layer *kv = a->kv;
     if (kv->k_fmt != KN_KVF_F32 || kv->v_fmt != KN_KVF_F32) {
-        kn_cpu_attention_kv(be, a, c->attn_scratch, c->attn_scratch_len);
+        kn_cpu_attention_kv(be, c->k, a, c->attn_scratch, c->attn_scratch_len);
         return;
     }
     const float *kv_k = kv->k, *kv_v = kv->v;

@@ -38,12 +38,12 @@ typedef struct {
     void (*gemm_bf16)(const uint32_t *apk, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
                       int64_t n1);
     /* Optional: MLX affine GEMV (small M) reading packed codes. qgemv_prep
-     * fills xp[M][K] (x in the kernel's element order) and xs[M][K/gs] (group
-     * sums of x) once per matmul; qgemv computes output columns [n0, n1) and
-     * returns 0 when it does not handle w->bits (callers fall back). */
-    void (*qgemv_prep)(const float *x, int M, int64_t K, int bits, int gs, float *xp, float *xs);
-    int (*qgemv)(const float *xp, const float *xs, int M, const kn_weight *w, const float *bias, float *out,
-                 int64_t n0, int64_t n1);
+     * writes x in the kernel's own form into prep (kn_qgemv_prep_floats(M, K,
+     * K / gs) floats, 64-byte aligned) once per matmul; qgemv computes output
+     * columns [n0, n1) from it and returns 0 when it does not handle w->bits
+     * (callers fall back). */
+    void (*qgemv_prep)(const float *x, int M, int64_t K, int bits, int gs, void *prep);
+    int (*qgemv)(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1);
     /* Optional: MLX affine matmul for large M with x in f32. qpack_a packs x
      * into 32-row tiles [t0, t1) of 32 * K floats each (K a multiple of 32);
      * qgemm computes output columns [n0, n1) with wb: 12 * K floats of
@@ -51,7 +51,23 @@ typedef struct {
     void (*qpack_a)(const float *x, int M, int64_t K, int bits, int t0, int t1, float *apf);
     int (*qgemm)(const float *apf, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1,
                  float *wb);
+    /* Optional (NULL: callers decode rows and use dot/axpy): attention over
+     * n bf16 rows of D elements (D % 16 == 0), row j at rows + j * stride
+     * bytes, for ng query heads (q_g = q + g * D, acc_g = acc + g * D).
+     * dot_rows_bf16: s[g * ld + j] = q_g . row_j;
+     * axpy_rows_bf16: acc_g[d] += sum_j w[g * ld + j] * row_j[d]. */
+    void (*dot_rows_bf16)(const float *q, int ng, int D, const uint8_t *rows, int64_t stride, int n, float *s,
+                          int64_t ld);
+    void (*axpy_rows_bf16)(float *acc, int ng, int D, const uint8_t *rows, int64_t stride, int n, const float *w,
+                           int64_t ld);
 } kn_cpu_kernels;
+
+/* Room for qgemv_prep's output, per row of x: at most 3 bytes per element of
+ * K padded to 128 (two int8 terms and per-lane block scales), a float per
+ * group, 64 bytes of alignment. */
+static inline size_t kn_qgemv_prep_floats(int M, int64_t K, int64_t G) {
+    return (size_t)M * (size_t)(K + G + 160);
+}
 
 #define KN_GEMM_BF16_MR 32 /* rows of x per packed bf16 tile */
 static inline size_t kn_gemm_bf16_packed_words(int M, int64_t K) {

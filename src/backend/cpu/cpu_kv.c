@@ -63,7 +63,24 @@ void kn_cpu_kv_convert(kn_backend *be, const kn_kv_layer *kv, const int32_t *src
     }
 }
 
-void kn_cpu_attention_kv(kn_backend *be, const kn_attention_args *a, float *scratch, int64_t scratch_len) {
+/* Row of D elements in format f as float: rotated formats stay in the rotated
+ * domain unless unrot (then as kn_kv_decode). bf16 and f32 rows (the default
+ * cache) are converted in one pass instead of element by element. */
+static inline void decode_row(int f, const uint8_t *src, int D, const kn_kv_aux *aux, int unrot, float *row) {
+    if (f == KN_KVF_BF16) {
+        for (int d = 0; d < D; d++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * d, 2);
+            uint32_t u = (uint32_t)h << 16;
+            memcpy(row + d, &u, 4);
+        }
+    } else if (f == KN_KVF_F32) memcpy(row, src, (size_t)D * sizeof(float));
+    else if (unrot) kn_kv_decode(f, src, D, aux, row);
+    else kn_kv_decode_rot(f, src, D, aux, row);
+}
+
+void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_attention_args *a, float *scratch,
+                         int64_t scratch_len) {
     const kn_kv_layer *kv = a->kv;
     const int D = kv->head_dim, nkv = kv->n_kv_heads, G = a->n_heads / nkv, bs = kv->block_size;
     const int kf = kv->k_fmt, vf = kv->v_fmt, krot = kn_kv_fmt_rotated(kf), vrot = kn_kv_fmt_rotated(vf);
@@ -97,47 +114,60 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_attention_args *a, float *scra
                     if (krot) kn_kv_rotate(q, D, kv->signs, qr + (size_t)g * D);
                     else memcpy(qr + (size_t)g * D, q, (size_t)D * sizeof(float));
                     if (krot && kv->sk) memcpy(qp + (size_t)g * D, q, (size_t)D * sizeof(float));
-                    mx[g] = -INFINITY;
                 }
-                for (int j = lo; j <= p; j++) {
+                /* raw scores q . k: bf16 rows (stored or staged) one cache block at a time through the
+                 * kernel set's run kernel where it has one, other rows one by one */
+                for (int j = lo; j <= p;) {
                     const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
-                    const int staged = blk >= n_main;
-                    if (staged)
-                        kn_kv_decode(kv->s_fmt, (const uint8_t *)kv->sk + ((slot - n_main * bs) * nkv + kvh) * sb, D,
-                                     &none, row);
-                    else kn_kv_decode_rot(kf, (const uint8_t *)kv->k + (slot * nkv + kvh) * kb, D, &ak, row);
-                    for (int g = 0; g < ng; g++) {
-                        const float *qg = (staged && krot ? qp : qr) + (size_t)g * D;
-                        float s = 0.0f;
-                        for (int d = 0; d < D; d++) s += qg[d] * row[d];
-                        s *= a->scale;
-                        if (a->softcap > 0.0f) s = tanhf(s / a->softcap) * a->softcap;
-                        sc[(int64_t)g * n + (j - lo)] = s;
-                        if (s > mx[g]) mx[g] = s;
+                    const int staged = blk >= n_main, rf = staged ? kv->s_fmt : kf;
+                    const uint8_t *rp = staged ? (const uint8_t *)kv->sk + ((slot - n_main * bs) * nkv + kvh) * sb
+                                               : (const uint8_t *)kv->k + (slot * nkv + kvh) * kb;
+                    const float *qb = staged && krot ? qp : qr;
+                    if (rf == KN_KVF_BF16 && k->dot_rows_bf16 && D % 16 == 0) {
+                        const int run = (j / bs + 1) * bs - j < p + 1 - j ? (j / bs + 1) * bs - j : p + 1 - j;
+                        k->dot_rows_bf16(qb, ng, D, rp, nkv * (staged ? sb : kb), run, sc + (j - lo), n);
+                        j += run;
+                        continue;
                     }
+                    decode_row(rf, rp, D, staged ? &none : &ak, staged, row);
+                    for (int g = 0; g < ng; g++) sc[(int64_t)g * n + (j - lo)] = k->dot(qb + (size_t)g * D, row, D);
+                    j++;
+                }
+                for (int g = 0; g < ng; g++) {
+                    float *sg = sc + (int64_t)g * n, m = -INFINITY;
+                    for (int j = 0; j < n; j++) {
+                        float s = sg[j] * a->scale;
+                        if (a->softcap > 0.0f) s = tanhf(s / a->softcap) * a->softcap;
+                        sg[j] = s;
+                        if (s > m) m = s;
+                    }
+                    mx[g] = m;
                 }
                 for (int g = 0; g < ng; g++) {
                     float sum = 0.0f, *sg = sc + (int64_t)g * n;
                     for (int j = 0; j < n; j++) sum += (sg[j] = expf(sg[j] - mx[g]));
                     inv[g] = 1.0f / sum;
+                    for (int j = 0; j < n; j++) sg[j] *= inv[g]; /* the softmax weights */
                 }
                 memset(acc, 0, (size_t)ng * D * sizeof(float));
                 int any_plain = 0;
-                for (int j = lo; j <= p; j++) {
+                for (int j = lo; j <= p;) {
                     const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
-                    const int staged = blk >= n_main;
-                    if (staged)
-                        kn_kv_decode(kv->s_fmt, (const uint8_t *)kv->sv + ((slot - n_main * bs) * nkv + kvh) * sb, D,
-                                     &none, row);
-                    else kn_kv_decode_rot(vf, (const uint8_t *)kv->v + (slot * nkv + kvh) * vb, D, &av, row);
+                    const int staged = blk >= n_main, rf = staged ? kv->s_fmt : vf;
+                    const uint8_t *rp = staged ? (const uint8_t *)kv->sv + ((slot - n_main * bs) * nkv + kvh) * sb
+                                               : (const uint8_t *)kv->v + (slot * nkv + kvh) * vb;
                     /* staged rows are plain: next to rotated values they get their own accumulator */
                     float *base = staged && vrot ? ap : acc;
                     if (staged && vrot && !any_plain) memset(ap, 0, (size_t)ng * D * sizeof(float)), any_plain = 1;
-                    for (int g = 0; g < ng; g++) {
-                        const float w = sc[(int64_t)g * n + (j - lo)] * inv[g];
-                        float *ag = base + (size_t)g * D;
-                        for (int d = 0; d < D; d++) ag[d] += w * row[d];
+                    if (rf == KN_KVF_BF16 && k->axpy_rows_bf16 && D % 16 == 0) {
+                        const int run = (j / bs + 1) * bs - j < p + 1 - j ? (j / bs + 1) * bs - j : p + 1 - j;
+                        k->axpy_rows_bf16(base, ng, D, rp, nkv * (staged ? sb : vb), run, sc + (j - lo), n);
+                        j += run;
+                        continue;
                     }
+                    decode_row(rf, rp, D, staged ? &none : &av, staged, row);
+                    for (int g = 0; g < ng; g++) k->axpy(base + (size_t)g * D, sc[(int64_t)g * n + (j - lo)], row, D);
+                    j++;
                 }
                 for (int g = 0; g < ng; g++) {
                     float *ag = acc + (size_t)g * D;

@@ -128,25 +128,27 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
                      int accumulate) {
     cudaStream_t s = kn_cuda_stream(be);
     const uint32_t *q = (const uint32_t *)w->data;
+    const float *sc = (const float *)w->scales, *bi = (const float *)w->biases; /* F32 here: widened at load */
     if (M <= 8) {
         const int warps = 8;
         const unsigned blocks = (unsigned)((w->rows + warps - 1) / warps);
         if (M <= 2)
-            qgemv_kernel<2><<<blocks, warps * 32, 0, s>>>(x, M, q, w->scales, w->biases, w->rows, w->cols, w->bits,
+            qgemv_kernel<2><<<blocks, warps * 32, 0, s>>>(x, M, q, sc, bi, w->rows, w->cols, w->bits,
                                                           w->group_size, bias, out, accumulate);
         else
-            qgemv_kernel<8><<<blocks, warps * 32, 0, s>>>(x, M, q, w->scales, w->biases, w->rows, w->cols, w->bits,
+            qgemv_kernel<8><<<blocks, warps * 32, 0, s>>>(x, M, q, sc, bi, w->rows, w->cols, w->bits,
                                                           w->group_size, bias, out, accumulate);
         return;
     }
     dim3 grid((unsigned)((w->rows + QT - 1) / QT), (unsigned)((M + QT - 1) / QT));
-    qgemm_kernel<<<grid, 256, 0, s>>>(x, M, q, w->scales, w->biases, w->rows, w->cols, w->bits, w->group_size, bias,
+    qgemm_kernel<<<grid, 256, 0, s>>>(x, M, q, sc, bi, w->rows, w->cols, w->bits, w->group_size, bias,
                                       out, accumulate);
 }
 
 void kn_cuda_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
     if (n <= 0) return;
-    qembed_kernel<<<n, 256, 0, kn_cuda_stream(be)>>>((const uint32_t *)t->data, t->scales, t->biases, t->rows, t->cols,
+    qembed_kernel<<<n, 256, 0, kn_cuda_stream(be)>>>((const uint32_t *)t->data, (const float *)t->scales,
+                                                     (const float *)t->biases, t->rows, t->cols,
                                                      t->bits, t->group_size, ids, out);
 }
 
@@ -177,6 +179,6 @@ kn_code kn_cuda_weight_load_quant(kn_backend *be, const kn_quant_host *s, kn_wei
     }
     out->dtype = KN_DT_U32, out->rows = s->rows, out->cols = s->cols, out->data = p, out->owned = 1;
     out->bits = s->bits, out->group_size = s->group_size;
-    out->scales = (const float *)(p + qpad), out->biases = (const float *)(p + qpad + spad);
+    out->scales = p + qpad, out->biases = p + qpad + spad, out->sb_dtype = KN_DT_F32; /* widened above */
     return KN_OK;
 }

@@ -34,7 +34,7 @@ extern "C" {
 
 typedef struct {
     unsigned cnt[256];
-    double mass[256];
+    unsigned long long mass[256]; /* fixed point: w * 2^40 */
     double red_d[SR_WARPS];
     float red_f[SR_WARPS];
     int red_i[SR_WARPS];
@@ -133,12 +133,31 @@ __device__ int32_t sr_argmax(const float *x, int V, sr_shared *sh) {
     return sh->token;
 }
 
+/* Bin counts (and masses) of one radix pass, aggregated over the lanes of a
+ * warp that fall in the same bin before one shared-memory atomic per bin:
+ * with 1,024 threads most elements land in a few top-digit bins, and plain
+ * per-element atomics would serialize on them. Masses are fixed point
+ * (w * 2^40, w <= 1), so the sums are exact and order-independent; each
+ * element's rounding is 2^-41, far below a boundary that matters. Every lane
+ * of the warp must call it (bin 256: no element). */
+__device__ __forceinline__ void sr_hist_add(sr_shared *sh, unsigned bin, double w, bool with_mass) {
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+    if (bin >= 256) return;
+    const bool leader = (threadIdx.x & 31) == (unsigned)(__ffs(peers) - 1);
+    if (with_mass) {
+        const unsigned long long f = (unsigned long long)llrint(w * 0x1.0p40);
+        const unsigned hi = __reduce_add_sync(peers, (unsigned)(f >> 20)), lo = __reduce_add_sync(peers, (unsigned)(f & 0xfffffu));
+        if (leader) atomicAdd(&sh->mass[bin], ((unsigned long long)hi << 20) + lo);
+    }
+    if (leader) atomicAdd(&sh->cnt[bin], (unsigned)__popc(peers));
+}
+
 /* Warp 0 picks the radix bin where the descending cumulative count (or
  * mass) reaches need, given what lies above the bins; sets sh->prefix's
  * digit at shift and sh->need_i (counts) or sh->above (mass) for the next
  * pass. by_mass: bins are sh->mass, a bin counting only with cnt > 0. */
 __device__ __forceinline__ double sr_bin(const sr_shared *sh, int b, int by_mass) {
-    return by_mass ? (sh->cnt[b] ? sh->mass[b] : 0.0) : (double)sh->cnt[b];
+    return by_mass ? (sh->cnt[b] ? (double)sh->mass[b] * 0x1.0p-40 : 0.0) : (double)sh->cnt[b];
 }
 
 __device__ void sr_pick(sr_shared *sh, int shift, int by_mass) {
@@ -221,9 +240,10 @@ __global__ void __launch_bounds__(SR_THREADS) k_sample_rows(float *x_all, int V,
             for (int b = tid; b < 256; b += SR_THREADS) sh.cnt[b] = 0;
             __syncthreads();
             const uint32_t prefix = sh.prefix;
-            for (int i = tid; i < V; i += SR_THREADS) {
-                const uint32_t key = sr_key(sr_v(x, i, T));
-                if ((key & mask) == prefix) atomicAdd(&sh.cnt[(key >> shift) & 255u], 1u);
+            for (int i0 = 0; i0 < V; i0 += SR_THREADS) { /* uniform trip count: whole warps call sr_hist_add */
+                const int i = i0 + tid;
+                const uint32_t key = i < V ? sr_key(sr_v(x, i, T)) : 0u;
+                sr_hist_add(&sh, i < V && (key & mask) == prefix ? (key >> shift) & 255u : 256u, 0.0, false);
             }
             __syncthreads();
             sr_pick(&sh, shift, 0);
@@ -246,17 +266,15 @@ __global__ void __launch_bounds__(SR_THREADS) k_sample_rows(float *x_all, int V,
         if (tid == 0) sh.prefix = 0, sh.above = 0.0, sh.need_d = (double)p.top_p * z;
         uint32_t mask = 0;
         for (int shift = 24; shift >= 0; shift -= 8) {
-            for (int b = tid; b < 256; b += SR_THREADS) sh.cnt[b] = 0, sh.mass[b] = 0.0;
+            for (int b = tid; b < 256; b += SR_THREADS) sh.cnt[b] = 0, sh.mass[b] = 0ull;
             __syncthreads();
             const uint32_t prefix = sh.prefix;
-            for (int i = tid; i < V; i += SR_THREADS) {
-                const float v = sr_v(x, i, T);
+            for (int i0 = 0; i0 < V; i0 += SR_THREADS) {
+                const int i = i0 + tid;
+                const float v = i < V ? sr_v(x, i, T) : -INFINITY;
                 const uint32_t key = sr_key(v);
-                if (key >= tau_k && (key & mask) == prefix) {
-                    const unsigned b = (key >> shift) & 255u;
-                    atomicAdd(&sh.cnt[b], 1u);
-                    atomicAdd(&sh.mass[b], exp((double)v - (double)mx));
-                }
+                const bool in = i < V && key >= tau_k && (key & mask) == prefix;
+                sr_hist_add(&sh, in ? (key >> shift) & 255u : 256u, in ? exp((double)v - (double)mx) : 0.0, true);
             }
             __syncthreads();
             sr_pick(&sh, shift, 1);

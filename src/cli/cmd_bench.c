@@ -97,16 +97,20 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
     r->decode_s = now_s() - t1;
     r->decode_tps = (double)gen * batch / r->decode_s;
     double wbytes = (double)kn_model_weight_bytes(m);
-    r->weight_gb = wbytes / 1e9;
-    /* MoE: a step reads only the experts its tokens select; with the router's
-     * choices spread evenly, batch B touches 1 - (1 - k/E)^B of each layer's
-     * experts (k of E at batch 1): the active-parameter floor */
-    if (m->cfg.n_experts > 0 && m->cfg.n_experts_per_tok > 0) {
-        const double frac = 1.0 - pow(1.0 - (double)m->cfg.n_experts_per_tok / m->cfg.n_experts, (double)batch);
-        for (int l = 0; l < m->cfg.n_layers; l++) {
-            const kn_layer *L = &m->layers[l];
-            wbytes -= (1.0 - frac) * (double)(kn_weight_bytes(&L->experts_gate_up) + kn_weight_bytes(&L->experts_down));
-        }
+    r->weight_gb = (double)kn_model_total_weight_bytes(m) / 1e9;
+    /* MoE: kn_model_weight_bytes counts the k experts one token selects; with
+     * the router's choices spread evenly, batch B touches 1 - (1 - k/E)^B of
+     * each layer's E experts: the active-parameter floor of the step */
+    const int E = m->cfg.n_experts, k = m->cfg.n_experts_per_tok;
+    if (E > 0 && k > 0 && batch > 1) {
+        const double touched = E * (1.0 - pow(1.0 - (double)k / E, (double)batch));
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            if (m->layers[l].is_moe) {
+                const kn_layer *L = &m->layers[l];
+                const double per_expert =
+                    (double)(kn_weight_bytes(&L->experts_gate_up) + kn_weight_bytes(&L->experts_down)) / E;
+                wbytes += per_expert * (touched - k);
+            }
     }
     r->active_gb = wbytes / 1e9;
     /* K/V read per step: every position of full-attention layers, the last window of ring layers */

@@ -543,6 +543,17 @@ fail:
 
 static int64_t wbytes(const kn_weight *w) { return kn_weight_bytes(w); }
 
+int64_t kn_model_total_weight_bytes(const kn_model *m) {
+    int64_t b = wbytes(&m->embed) + (m->lm_head.data != m->embed.data ? wbytes(&m->lm_head) : 0);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const kn_layer *L = &m->layers[l];
+        b += wbytes(&L->qkv) + wbytes(&L->o) + wbytes(&L->gate_up) + wbytes(&L->down) + wbytes(&L->ple_gate) +
+             wbytes(&L->ple_proj) + wbytes(&L->router) + wbytes(&L->experts_gate_up) + wbytes(&L->experts_down) +
+             wbytes(&L->shared_gate);
+    }
+    return b;
+}
+
 int64_t kn_model_weight_bytes(const kn_model *m) {
     int64_t b = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {

@@ -171,5 +171,7 @@ void kn_dec_ple_inputs(kn_model *m, const float *x, int n); /* per-layer inputs 
 
 /* Total bytes of weights read by one decode step. */
 int64_t kn_model_weight_bytes(const kn_model *m);
+/* Bytes of every matrix the model holds (the embedding and all experts too). */
+int64_t kn_model_total_weight_bytes(const kn_model *m);
 
 #endif

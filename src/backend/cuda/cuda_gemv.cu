@@ -21,7 +21,6 @@
  * file also signals its own dependents early. */
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -81,7 +80,7 @@ __device__ __forceinline__ void dot_x(const float *f, const float (*xv)[8], floa
  * thread t owns elements [s * STEP + t * per, + per) of every row for steps
  * s = 0, 1, ..., so x is read once per block and reused for all R rows.
  * Partial sums are reduced over the warp, then over warps in shared memory. */
-template <int DT, int M, int NORM, int EPI, int C, int UX>
+template <int DT, int M, int NORM, int EPI, int C>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(const float *__restrict__ x, const void *__restrict__ w, int64_t N, int64_t K, const float *__restrict__ bias,
            float *__restrict__ out, int accumulate, const float *__restrict__ norm_w, float eps) {
@@ -90,7 +89,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     constexpr int R = C * NR;
     constexpr int per = DT == KN_DT_F32 ? 4 : 8; /* elements per 16-byte load */
     constexpr int esz = DT == KN_DT_F32 ? 4 : 2;
-    constexpr int U = (R >= 8 ? 1 : 8 / R) * UX; /* steps in flight: U * R loads per thread */
+    constexpr int U = R >= 8 ? 1 : 8 / R; /* steps in flight: U * R loads per thread */
     constexpr int64_t STEP = GEMV_WARPS * 32 * per;
     __shared__ float part[GEMV_WARPS][R * M];
     __shared__ float red[GEMV_WARPS];
@@ -243,17 +242,15 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv_any(const float *__res
     }
 }
 
-/* UX = 2: twice the loads in flight per thread (a 4,096-wide bf16 row in one
- * round), for the smaller decode matmuls (qkv, o) */
-template <int DT, int M, int NORM, int EPI, int UX>
-static int launch_gemv_u(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
-                         int accumulate, const float *norm_w, float eps) {
+template <int DT, int M, int NORM, int EPI>
+static int launch_gemv(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
+                       int accumulate, const float *norm_w, float eps) {
     const int64_t K = w->cols;
     const size_t smem = (size_t)NORM * (size_t)M * (size_t)K * sizeof(float);
     static size_t smem_allowed = 48 << 10; /* per instantiation */
     if (NORM && (int64_t)smem > (int64_t)GEMV_MAX_SMEM) return 0;
     if (NORM && smem > smem_allowed) {
-        if (cudaFuncSetAttribute(k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI), UX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  GEMV_MAX_SMEM) != cudaSuccess) {
             cudaGetLastError();
             return 0;
@@ -261,27 +258,8 @@ static int launch_gemv_u(kn_backend *be, const float *x, const kn_weight *w, int
         smem_allowed = GEMV_MAX_SMEM;
     }
     const unsigned blocks = (unsigned)((N + GEMV_COLS(EPI) - 1) / GEMV_COLS(EPI));
-    return kn_cuda_launch(be, k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI), UX>, dim3(blocks), dim3(GEMV_WARPS * 32), smem, x, w->data, N, K,
+    return kn_cuda_launch(be, k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, dim3(blocks), dim3(GEMV_WARPS * 32), smem, x, w->data, N, K,
                           bias, out, accumulate, norm_w, eps) == cudaSuccess;
-}
-
-/* KILN_GEMV_UX=1|2 picks the loads in flight of single-row, non-SwiGLU GEMVs
- * with K <= 8,192 (measurement switch; default below) */
-static int gemv_ux(void) {
-    static int ux = 0;
-    if (!ux) {
-        const char *e = getenv("KILN_GEMV_UX");
-        ux = e && *e == '1' ? 1 : 2;
-    }
-    return ux;
-}
-
-template <int DT, int M, int NORM, int EPI>
-static int launch_gemv(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
-                       int accumulate, const float *norm_w, float eps) {
-    if (M == 1 && EPI == KN_EPI_NONE && DT != KN_DT_F32 && w->cols <= 8192 && gemv_ux() == 2)
-        return launch_gemv_u<DT, M, NORM, EPI, 2>(be, x, w, N, bias, out, accumulate, norm_w, eps);
-    return launch_gemv_u<DT, M, NORM, EPI, 1>(be, x, w, N, bias, out, accumulate, norm_w, eps);
 }
 
 template <int DT, int M>

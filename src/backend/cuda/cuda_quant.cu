@@ -4,6 +4,8 @@
  * cols*bits/32], then float32 scales and biases [rows, cols/group_size]
  * (widened from the checkpoint's bf16/f16 at load, exactly). Nothing is ever
  * dequantized in full:
+ *   matmul M <= 2 : 4/8-bit: qgemv_vec, one warp per output row, 16-byte code
+ *                   pieces, four in flight per lane (2-bit: qgemv)
  *   matmul M <= 8 : qgemv, one warp per output row, each lane streams whole
  *                   uint32 words and dequantizes them in registers
  *   matmul M > 8  : qgemm, 32x32 output tiles; each 32-column K step
@@ -16,6 +18,7 @@ extern "C" {
 #include "base/quant.h"
 }
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +56,71 @@ __global__ void qgemv_kernel(const float *x, int M, const uint32_t *q, const flo
         for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
         if (lane == 0 && m < M) {
             float r = a + (bias ? bias[n] : 0.0f);
+            float *dst = out + (int64_t)m * N + n;
+            *dst = accumulate ? *dst + r : r;
+        }
+    }
+}
+
+/* 4/8-bit, M <= 2, K a multiple of the group (>= 32): one warp per output
+ * row, each lane streaming 16-byte pieces (32 4-bit or 16 8-bit codes, all in
+ * one group), four pieces in flight before any is used; per piece
+ * s * sum(q * x) + b * sum(x). */
+template <int BITS, int M>
+__global__ void __launch_bounds__(256)
+    qgemv_vec_kernel(const float *__restrict__ x, const uint4 *__restrict__ q, const float *__restrict__ scales,
+                     const float *__restrict__ biases, int64_t N, int64_t K, int gs, const float *__restrict__ bias,
+                     float *__restrict__ out, int accumulate) {
+    constexpr int C = 128 / BITS, P = 32 / BITS, U = 4;
+    constexpr uint32_t MASK = (1u << BITS) - 1u;
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const int64_t chunks = K / C, G = K / gs;
+    const uint4 *row = q + n * chunks;
+    const float *sr = scales + n * G, *br = biases + n * G;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    for (int64_t j0 = lane; j0 < chunks; j0 += 32 * U) {
+        uint4 raw[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t j = j0 + 32 * u;
+            raw[u] = j < chunks ? __ldcs(row + j) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t j = j0 + 32 * u;
+            if (j >= chunks) break;
+            const int64_t c0 = j * C, g = c0 / gs;
+            const float sc = __ldg(sr + g), bi = __ldg(br + g);
+            const uint32_t wd[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                const float4 *xv = (const float4 *)(x + (int64_t)m * K + c0);
+                float dq = 0.0f, sx = 0.0f;
+#pragma unroll
+                for (int t = 0; t < C / 4; t++) {
+                    const float4 xx = __ldg(xv + t);
+                    const float xe[4] = {xx.x, xx.y, xx.z, xx.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int idx = 4 * t + e;
+                        dq += (float)((wd[idx / P] >> (BITS * (idx % P))) & MASK) * xe[e];
+                        sx += xe[e];
+                    }
+                }
+                acc[m] += sc * dq + bi * sx;
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        float a = acc[m];
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0) {
+            const float r = a + (bias ? bias[n] : 0.0f);
             float *dst = out + (int64_t)m * N + n;
             *dst = accumulate ? *dst + r : r;
         }
@@ -129,6 +197,24 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
     cudaStream_t s = kn_cuda_stream(be);
     const uint32_t *q = (const uint32_t *)w->data;
     const float *sc = (const float *)w->scales, *bi = (const float *)w->biases; /* F32 here: widened at load */
+    const int vec = (w->bits == 4 || w->bits == 8) && M <= 2 && w->group_size >= 32 && w->cols % w->group_size == 0 &&
+                    ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 15) == 0;
+    if (vec) {
+        const unsigned blocks = (unsigned)((w->rows + 7) / 8);
+        const uint4 *q4 = (const uint4 *)q;
+#define QV(B, MM)                                                                                             \
+    qgemv_vec_kernel<B, MM><<<blocks, 256, 0, s>>>(x, q4, sc, bi, w->rows, w->cols, w->group_size, bias, out, \
+                                                   accumulate)
+        if (w->bits == 4) {
+            if (M == 1) QV(4, 1);
+            else QV(4, 2);
+        } else {
+            if (M == 1) QV(8, 1);
+            else QV(8, 2);
+        }
+#undef QV
+        return;
+    }
     if (M <= 8) {
         const int warps = 8;
         const unsigned blocks = (unsigned)((w->rows + warps - 1) / warps);

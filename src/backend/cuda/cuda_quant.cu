@@ -4,8 +4,9 @@
  * cols*bits/32], then float32 scales and biases [rows, cols/group_size]
  * (widened from the checkpoint's bf16/f16 at load, exactly). Nothing is ever
  * dequantized in full:
- *   matmul M <= 2 : 4/8-bit: qgemv_vec, one warp per output row, 16-byte code
- *                   pieces, four in flight per lane (2-bit: qgemv)
+ *   matmul M <= 2 : 4/8-bit: qgemv_vec, x staged in shared memory, a warp per
+ *                   2 output rows, 16-byte code pieces, 4 per row in flight
+ *                   per lane (2-bit: qgemv)
  *   matmul M <= 8 : qgemv, one warp per output row, each lane streams whole
  *                   uint32 words and dequantizes them in registers
  *   matmul M > 8  : qgemm, 32x32 output tiles; each 32-column K step
@@ -62,69 +63,117 @@ __global__ void qgemv_kernel(const float *x, int M, const uint32_t *q, const flo
     }
 }
 
-/* 4/8-bit, M <= 2, K a multiple of the group (>= 32): one warp per output
- * row, each lane streaming 16-byte pieces (32 4-bit or 16 8-bit codes, all in
- * one group), four pieces in flight before any is used; per piece
- * s * sum(q * x) + b * sum(x). */
+/* 4/8-bit, M <= 2, K a multiple of the group (>= 32): x is staged once per
+ * block in shared memory; each warp computes R output rows, each lane
+ * streaming 16-byte pieces (32 4-bit or 16 8-bit codes, all in one group) of
+ * every row, U pieces per row in flight before any is used, and each x value
+ * read from shared memory serves all R rows; per piece s * sum(q * x) +
+ * b * sum(x). */
+#define QV_R 2
+#define QV_U 4
+#define QV_MAX_SMEM (160 << 10)
 template <int BITS, int M>
 __global__ void __launch_bounds__(256)
     qgemv_vec_kernel(const float *__restrict__ x, const uint4 *__restrict__ q, const float *__restrict__ scales,
                      const float *__restrict__ biases, int64_t N, int64_t K, int gs, const float *__restrict__ bias,
                      float *__restrict__ out, int accumulate) {
-    constexpr int C = 128 / BITS, P = 32 / BITS, U = 4;
+    constexpr int C = 128 / BITS, P = 32 / BITS, R = QV_R, U = QV_U;
     constexpr uint32_t MASK = (1u << BITS) - 1u;
+    extern __shared__ float4 qv_smem[];
+    float *xs = (float *)qv_smem; /* [M][K] */
+    for (int64_t i = threadIdx.x; i < (int64_t)M * K / 4; i += blockDim.x) qv_smem[i] = __ldg((const float4 *)x + i);
+    __syncthreads();
     const int lane = threadIdx.x & 31;
-    const int64_t n = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (n >= N) return;
+    const int64_t n0 = ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)) * R;
+    if (n0 >= N) return;
     const int64_t chunks = K / C, G = K / gs;
-    const uint4 *row = q + n * chunks;
-    const float *sr = scales + n * G, *br = biases + n * G;
-    float acc[M];
+    const uint4 *row[R];
+    const float *sr[R], *br[R];
 #pragma unroll
-    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    for (int r = 0; r < R; r++) { /* rows past N re-read row n0; their sums are dropped */
+        const int64_t n = n0 + r < N ? n0 + r : n0;
+        row[r] = q + n * chunks, sr[r] = scales + n * G, br[r] = biases + n * G;
+    }
+    float acc[R][M];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
     for (int64_t j0 = lane; j0 < chunks; j0 += 32 * U) {
-        uint4 raw[U];
+        uint4 raw[U][R];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t j = j0 + 32 * u;
-            raw[u] = j < chunks ? __ldcs(row + j) : make_uint4(0u, 0u, 0u, 0u);
-        }
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int64_t j = j0 + 32 * u;
+                raw[u][r] = j < chunks ? __ldcs(row[r] + j) : make_uint4(0u, 0u, 0u, 0u);
+            }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t j = j0 + 32 * u;
             if (j >= chunks) break;
             const int64_t c0 = j * C, g = c0 / gs;
-            const float sc = __ldg(sr + g), bi = __ldg(br + g);
-            const uint32_t wd[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
 #pragma unroll
             for (int m = 0; m < M; m++) {
-                const float4 *xv = (const float4 *)(x + (int64_t)m * K + c0);
-                float dq = 0.0f, sx = 0.0f;
+                const float4 *xv = (const float4 *)(xs + (int64_t)m * K + c0);
+                float dq[R], sx = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; r++) dq[r] = 0.0f;
 #pragma unroll
                 for (int t = 0; t < C / 4; t++) {
-                    const float4 xx = __ldg(xv + t);
+                    const float4 xx = xv[t];
                     const float xe[4] = {xx.x, xx.y, xx.z, xx.w};
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int idx = 4 * t + e;
-                        dq += (float)((wd[idx / P] >> (BITS * (idx % P))) & MASK) * xe[e];
                         sx += xe[e];
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            const uint32_t wd = idx / P == 0 ? raw[u][r].x : idx / P == 1 ? raw[u][r].y
+                                              : idx / P == 2 ? raw[u][r].z : raw[u][r].w;
+                            dq[r] += (float)((wd >> (BITS * (idx % P))) & MASK) * xe[e];
+                        }
                     }
                 }
-                acc[m] += sc * dq + bi * sx;
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][m] += __ldg(sr[r] + g) * dq[r] + __ldg(br[r] + g) * sx;
             }
         }
     }
 #pragma unroll
-    for (int m = 0; m < M; m++) {
-        float a = acc[m];
-        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0) {
-            const float r = a + (bias ? bias[n] : 0.0f);
-            float *dst = out + (int64_t)m * N + n;
-            *dst = accumulate ? *dst + r : r;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float a = acc[r][m];
+            for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            const int64_t n = n0 + r;
+            if (lane == 0 && n < N) {
+                const float v = a + (bias ? bias[n] : 0.0f);
+                float *dst = out + (int64_t)m * N + n;
+                *dst = accumulate ? *dst + v : v;
+            }
         }
+}
+
+template <int BITS, int M>
+static int launch_qgemv_vec(cudaStream_t s, const float *x, const kn_weight *w, const float *bias, float *out,
+                            int accumulate) {
+    const size_t smem = (size_t)M * (size_t)w->cols * sizeof(float);
+    static int attr_set = 0; /* per instantiation */
+    if (smem > QV_MAX_SMEM) return 0;
+    if (smem > (48u << 10) && !attr_set) {
+        if (cudaFuncSetAttribute(qgemv_vec_kernel<BITS, M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 QV_MAX_SMEM) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        attr_set = 1;
     }
+    const unsigned blocks = (unsigned)((w->rows + 8 * QV_R - 1) / (8 * QV_R));
+    qgemv_vec_kernel<BITS, M><<<blocks, 256, smem, s>>>(x, (const uint4 *)w->data, (const float *)w->scales,
+                                                        (const float *)w->biases, w->rows, w->cols, w->group_size,
+                                                        bias, out, accumulate);
+    return 1;
 }
 
 #define QT 32 /* tile edge: 32 x rows, 32 output columns, 32-wide K steps */
@@ -200,20 +249,12 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
     const int vec = (w->bits == 4 || w->bits == 8) && M <= 2 && w->group_size >= 32 && w->cols % w->group_size == 0 &&
                     ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 15) == 0;
     if (vec) {
-        const unsigned blocks = (unsigned)((w->rows + 7) / 8);
-        const uint4 *q4 = (const uint4 *)q;
-#define QV(B, MM)                                                                                             \
-    qgemv_vec_kernel<B, MM><<<blocks, 256, 0, s>>>(x, q4, sc, bi, w->rows, w->cols, w->group_size, bias, out, \
-                                                   accumulate)
-        if (w->bits == 4) {
-            if (M == 1) QV(4, 1);
-            else QV(4, 2);
-        } else {
-            if (M == 1) QV(8, 1);
-            else QV(8, 2);
-        }
-#undef QV
-        return;
+        int done;
+        if (w->bits == 4) done = M == 1 ? launch_qgemv_vec<4, 1>(s, x, w, bias, out, accumulate)
+                                        : launch_qgemv_vec<4, 2>(s, x, w, bias, out, accumulate);
+        else done = M == 1 ? launch_qgemv_vec<8, 1>(s, x, w, bias, out, accumulate)
+                           : launch_qgemv_vec<8, 2>(s, x, w, bias, out, accumulate);
+        if (done) return;
     }
     if (M <= 8) {
         const int warps = 8;

@@ -133,6 +133,17 @@ __device__ int32_t sr_argmax(const float *x, int V, sr_shared *sh) {
     return sh->token;
 }
 
+/* w of token i if it is kept (key above tau, or at tau up to index cut, and
+ * w >= min_w), else 0 */
+__device__ __forceinline__ double sr_kept_w(const float *x, int i, float T, float mx, uint32_t tau, int cut,
+                                            double min_w) {
+    const float v = sr_v(x, i, T);
+    const uint32_t key = sr_key(v);
+    if (key < tau || (key == tau && i > cut)) return 0.0;
+    const double w = exp((double)v - (double)mx);
+    return w < min_w ? 0.0 : w;
+}
+
 /* Bin counts (and masses) of one radix pass, aggregated over the lanes of a
  * warp that fall in the same bin before one shared-memory atomic per bin:
  * with 1,024 threads most elements land in a few top-digit bins, and plain
@@ -307,12 +318,8 @@ __global__ void __launch_bounds__(SR_THREADS) k_sample_rows(float *x_all, int V,
     double own = 0.0;
     int last = -1;
     for (int i = i0; i < i1; i++) {
-        const float v = sr_v(x, i, T);
-        const uint32_t key = sr_key(v);
-        if (key < tau || (key == tau && i > cut)) continue;
-        const double w = exp((double)v - (double)mx);
-        if (w < min_w) continue;
-        own += w, last = i;
+        const double w = sr_kept_w(x, i, T, mx, tau, cut, min_w);
+        if (w > 0.0) own += w, last = i;
     }
     double mass;
     const double before = sr_block_scan(own, sh.red_d, &mass);
@@ -322,11 +329,8 @@ __global__ void __launch_bounds__(SR_THREADS) k_sample_rows(float *x_all, int V,
     if (own > 0.0 && before <= target && target < before + own) {
         double acc = before;
         for (int i = i0; i < i1; i++) {
-            const float v = sr_v(x, i, T);
-            const uint32_t key = sr_key(v);
-            if (key < tau || (key == tau && i > cut)) continue;
-            const double w = exp((double)v - (double)mx);
-            if (w < min_w) continue;
+            const double w = sr_kept_w(x, i, T, mx, tau, cut, min_w);
+            if (w <= 0.0) continue;
             acc += w;
             if (target < acc || i == last) {
                 sh.token = i, sh.found = 1;

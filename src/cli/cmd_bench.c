@@ -32,6 +32,12 @@ typedef struct {
 /* host_logits 0: decode as a greedy engine does, the backend picks each
  * token and only ids cross to the host; 1: every step's logits are copied to
  * the host (what a host-side sampler needs). */
+/* every row under the same parameters, a fresh uniform per row and step (no-op without sampling) */
+static void fill_sample_rows(kn_sample_params *rows, int batch, const kn_sample_params *sample, uint64_t *state) {
+    for (int b = 0; rows && b < batch; b++)
+        rows[b] = *sample, rows[b].u = (double)((*state = *state * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53;
+}
+
 static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_logits, const kn_sample_params *sample,
                          bench_result *r, kn_error *err) {
     const int V = m->cfg.vocab_size;
@@ -41,11 +47,11 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
             *sidx = malloc((size_t)m->max_chunk * 4), *rows = malloc((size_t)m->max_chunk * 4);
     float *logits = malloc((size_t)batch * V * sizeof(float));
     int32_t *next = malloc((size_t)batch * sizeof(int32_t));
-    /* sampling on the backend (--temp > 0): every row under the same parameters, a fresh uniform per step */
+    /* sampling on the backend (--temp > 0) */
     kn_sample_params *sp_rows = sample ? calloc((size_t)batch, sizeof *sp_rows) : NULL;
-    if (sample && !sp_rows) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     uint64_t useed = 0x9e3779b97f4a7c15ull;
-    kn_code rc = (!seqs || !sp || !tok || !pos || !sidx || !rows || !logits || !next) ? kn_fail(err, KN_ERR_NOMEM, "out of memory") : KN_OK;
+    kn_code rc = (!seqs || !sp || !tok || !pos || !sidx || !rows || !logits || !next || (sample && !sp_rows))
+                     ? kn_fail(err, KN_ERR_NOMEM, "out of memory") : KN_OK;
     for (int b = 0; !rc && b < batch; b++) {
         sp[b] = &seqs[b];
         rc = kn_kv_seq_reserve(m->kv, &seqs[b], prompt + gen, err);
@@ -63,8 +69,7 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
     }
     for (int w = 0; !rc && w < 2; w++) {
         for (int b = 0; b < batch; b++) tok[b] = (int32_t)(b % V), pos[b] = prompt, sidx[b] = b, rows[b] = b;
-        for (int b = 0; sp_rows && b < batch; b++)
-            sp_rows[b] = *sample, sp_rows[b].u = (double)((useed = useed * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53;
+        fill_sample_rows(sp_rows, batch, sample, &useed);
         kn_batch bt = {.n_tokens = batch, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = batch, .seqs = sp,
                        .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next, .sample = sp_rows};
         rc = kn_model_forward(m, &bt, logits, err);
@@ -88,8 +93,7 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
     double t1 = now_s();
     for (int g = 0; !rc && g < gen; g++) {
         for (int b = 0; b < batch; b++) tok[b] = (int32_t)((g * 31 + b) % V), pos[b] = prompt + g, sidx[b] = b, rows[b] = b;
-        for (int b = 0; sp_rows && b < batch; b++)
-            sp_rows[b] = *sample, sp_rows[b].u = (double)((useed = useed * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53;
+        fill_sample_rows(sp_rows, batch, sample, &useed);
         kn_batch bt = {.n_tokens = batch, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = batch, .seqs = sp,
                        .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next, .sample = sp_rows};
         rc = kn_model_forward(m, &bt, logits, err);
@@ -232,8 +236,7 @@ int kn_cmd_bench(int argc, char **argv) {
     const int sampled = temp > 0.0 && !host_logits && kn_model_samples_on_backend(m);
     if (temp > 0.0 && !sampled && !host_logits)
         fprintf(stderr, "bench: the %s backend cannot sample; decoding greedily\n", m->be->vt->name);
-    char how[64];
-    snprintf(how, sizeof how, "%s", host_logits ? "host logits" : sampled ? "backend sampling" : "backend greedy");
+    const char *how = host_logits ? "host logits" : sampled ? "backend sampling" : "backend greedy";
     rc = run_bench(m, (int)prompt, (int)gen, (int)batch, host_logits, sampled ? &sparams : NULL, &r, &err);
     if (!rc) {
         if (json)

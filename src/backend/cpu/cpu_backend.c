@@ -28,6 +28,8 @@ typedef struct {
     size_t apack_floats;
     float *qprep; /* quantized GEMV: x reordered + group sums, grown on demand */
     size_t qprep_floats;
+    float *xround; /* GEMV input rounded to the weight dtype (bf16 words or f32), grown on demand */
+    size_t xround_floats;
     int64_t attn_scratch_len;
 } cpu_backend;
 
@@ -62,6 +64,7 @@ static void cpu_destroy(kn_backend *be) {
     free(c->attn_scratch);
     free(c->apack);
     free(c->qprep);
+    free(c->xround);
     free(c);
 }
 
@@ -128,30 +131,55 @@ static void cpu_rms_norm(kn_backend *be, const float *x, int64_t x_stride, float
 static int cpu_matmul_bf16(cpu_backend *c, const float *x, int M, const kn_weight *w, const float *bias, float *out);
 static void cpu_matmul_f32(cpu_backend *c, const float *x, int M, const kn_weight *w, const float *bias, float *out);
 
+/* Up to 16 rows (a continuous-batching decode step) go through the GEMV
+ * kernels: each weight row is streamed once for all x rows, and a row's
+ * result does not depend on how many rows share the call, so a batched
+ * decode gives bit-identical logits to a solo one. Measured on the 2-core
+ * dev machine, 0.44B bf16 synthetic, 8 sequences: ~100 tok/s through GEMV
+ * vs ~5.5 tok/s through the packed GEMM. Chunks of rows are handed out
+ * dynamically: each chunk is one sequential stream, and a thread that gets
+ * less bandwidth simply takes fewer chunks instead of leaving the other
+ * waiting at the barrier. x in f32, or xb: x rounded to bf16 (gemv_bf16). */
+static void gemv_chunks(cpu_backend *c, const float *x, const uint16_t *xb, int M, const kn_weight *w,
+                        const float *bias, float *out) {
+    const int64_t N = w->rows, chunk = 256, n_chunks = (N + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(c->base.n_threads) schedule(dynamic, 1)
+    for (int64_t ch = 0; ch < n_chunks; ch++) {
+        int64_t n0 = ch * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        if (xb) c->k->gemv_bf16(xb, M, w, bias, out, n0, n1);
+        else c->k->gemv(x, M, w, bias, out, n0, n1);
+    }
+}
+
 static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     cpu_backend *c = cpu(be);
-    const int64_t N = w->rows;
-    const int nt = be->n_threads;
     if (w->bits) {
         kn_cpu_qmatmul(be, c->k, c->gemm_scratch, &c->qprep, &c->qprep_floats, x, M, w, bias, out);
         return;
     }
-    /* Up to 16 rows (a continuous-batching decode step) go through the GEMV
-     * kernels: each weight row is streamed once for all x rows, and a row's
-     * result does not depend on how many rows share the call, so a batched
-     * decode gives bit-identical logits to a solo one. Measured on the 2-core
-     * dev machine, 0.44B bf16 synthetic, 8 sequences: ~100 tok/s through GEMV
-     * vs ~5.5 tok/s through the packed GEMM. */
     if (M <= 16) {
-        /* chunks of rows handed out dynamically: each chunk is one sequential
-         * stream, and a thread that gets less bandwidth simply takes fewer
-         * chunks instead of leaving the other waiting at the barrier */
-        const int64_t chunk = 256;
-        const int64_t n_chunks = (N + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (int64_t ch = 0; ch < n_chunks; ch++) {
-            int64_t n0 = ch * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-            c->k->gemv(x, M, w, bias, out, n0, n1);
+        /* x rounded to the weight's 16-bit dtype from one row on when the
+         * bf16 dot-product kernels are present (matmul_x_rounding_min_rows) */
+        const int round_x = c->base.matmul_x_rounding_min_rows == 1 && w->dtype != KN_DT_F32;
+        const size_t need = round_x ? (size_t)M * (size_t)w->cols : 0;
+        if (need > c->xround_floats) {
+            float *p = cpu_alloc(be, need * sizeof(float));
+            if (!p) { /* without room to round x, the matmul is still correct (and more exact) unrounded */
+                gemv_chunks(c, x, NULL, M, w, bias, out);
+                return;
+            }
+            free(c->xround);
+            c->xround = p, c->xround_floats = need;
+        }
+        if (round_x && w->dtype == KN_DT_BF16) {
+            uint16_t *xb = (uint16_t *)c->xround;
+            for (size_t i = 0; i < need; i++) xb[i] = kn_f32_to_bf16(x[i]);
+            gemv_chunks(c, NULL, xb, M, w, bias, out);
+        } else if (round_x) {
+            for (size_t i = 0; i < need; i++) c->xround[i] = kn_f16_to_f32(kn_f32_to_f16(x[i]));
+            gemv_chunks(c, c->xround, NULL, M, w, bias, out);
+        } else {
+            gemv_chunks(c, x, NULL, M, w, bias, out);
         }
         return;
     }
@@ -507,8 +535,10 @@ kn_code kn_cpu_backend_create(int n_threads, kn_backend **out, kn_error *err) {
     c->base.vt = &cpu_vtbl;
     c->base.n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->k = kn_cpu_kernels_select();
-    /* GEMV_MAX_M (16) rows or fewer stay exact f32; more use the bf16 GEMM */
-    if (c->k->gemm_bf16) c->base.matmul_x_rounding_min_rows = 17;
+    /* with bf16 dot products, x meets 16-bit weights rounded to their dtype
+     * at every M (gemv_bf16 for decode, gemm_bf16 for prefill), as HF
+     * transformers' bf16 activations do; without them x stays f32 */
+    if (c->k->gemm_bf16) c->base.matmul_x_rounding_min_rows = c->k->gemv_bf16 ? 1 : 17;
     c->attn_scratch_len = KN_CPU_MAX_CONTEXT;
     c->gemm_scratch = cpu_alloc(&c->base, (size_t)c->base.n_threads * KN_GEMM_SCRATCH * sizeof(float));
     /* calloc-free: pages are touched only as far as contexts actually reach */

@@ -37,6 +37,11 @@ typedef struct {
     void (*pack_a_bf16)(const float *x, int M, int64_t K, int t0, int t1, uint32_t *apk);
     void (*gemm_bf16)(const uint32_t *apk, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
                       int64_t n1);
+    /* Optional (present with gemm_bf16): small-M matmul over bf16 weights
+     * with x already rounded to bf16 (xb[M, K], row-major): the gemv
+     * contract otherwise; the backend then rounds x from one row on. */
+    void (*gemv_bf16)(const uint16_t *xb, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
+                      int64_t n1);
     /* Optional: MLX affine GEMV (small M) reading packed codes. qgemv_prep
      * writes x in the kernel's own form into prep (kn_qgemv_prep_floats(M, K,
      * K / gs) floats, 64-byte aligned) once per matmul; qgemv computes output

@@ -6,6 +6,9 @@
  * gemv: decode-shaped matmul, memory bound: like the AVX2 one (each weight
  *   row streamed once, converted to f32 exactly, dotted with every x row in
  *   f32), 16 lanes wide, two weight rows in flight for one x row.
+ * gemv_bf16: decode-shaped matmul over bf16 weights with x rounded to bf16
+ *   (the backend says so: matmul_x_rounding_min_rows = 1): 32 exact products
+ *   per vdpbf16ps, four weight rows streamed at once.
  * gemm_bf16: prefill-shaped matmul over bf16 weights with vdpbf16ps. x is
  *   rounded to bf16 (the backend says so: matmul_x_rounding_min_rows) and
  *   packed into 32-row tiles of (k, k+1) pairs; each weight row's (k, k+1)
@@ -107,6 +110,78 @@ static void gemv_avx512(const float *x, int M, const kn_weight *w, const float *
     case KN_DT_BF16: gemv_t(x, M, w, bias, out, n0, n1, KN_DT_BF16); break;
     default: gemv_t(x, M, w, bias, out, n0, n1, KN_DT_F16); break;
     }
+}
+
+/* ---- gemv_bf16 ----------------------------------------------------------- */
+
+/* x rows [0, MR) (bf16, ldx elements apart) against NR (1 or 4) consecutive
+ * bf16 weight rows from w: one f32 accumulator per (x row, weight row) pair
+ * over k in steps of 32 exact products (vdpbf16ps), then the tail in f32:
+ * the same order whatever MR and NR are, so a row's result depends neither
+ * on the batch nor on how rows are grouped. Four weight rows at once keep
+ * four streams of loads in flight, each prefetched GEMV_BF16_PREFETCH_BYTES
+ * ahead; per weight byte this issues a quarter of the instructions of
+ * converting weights to f32. (On the shared 2-core VM the decode speed is
+ * the same as the f32-x kernel's within its noise: memory bound.) */
+#define GEMV_BF16_PREFETCH_BYTES 2048
+
+ALWAYS_INLINE void dot_bf16_tile(const uint16_t *x, int64_t ldx, int MR, const uint16_t *w, int64_t K, int NR,
+                                 float r[4][4]) {
+    __m512 a[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) a[i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) _mm_prefetch((const char *)(w + j * K + k) + GEMV_BF16_PREFETCH_BYTES, _MM_HINT_T0);
+        __m512bh xv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; i++) xv[i] = (__m512bh)_mm512_loadu_si512(x + i * ldx + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) {
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + j * K + k);
+#pragma GCC unroll 4
+            for (int i = 0; i < MR; i++) a[i][j] = _mm512_dpbf16_ps(a[i][j], xv[i], wv);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) r[i][j] = _mm512_reduce_add_ps(a[i][j]);
+    for (; k < K; k++) /* a bf16 x bf16 product is exact in f32 */
+        for (int j = 0; j < NR; j++) {
+            const float wv = kn_bf16_to_f32(w[j * K + k]);
+            for (int i = 0; i < MR; i++) r[i][j] += kn_bf16_to_f32(x[i * ldx + k]) * wv;
+        }
+}
+
+/* weight rows [n, n + NR) against all M rows of x */
+ALWAYS_INLINE void gemv_bf16_rows(const uint16_t *xb, int M, const uint16_t *w, int64_t K, int64_t N, int NR,
+                                  const float *bias, float *out, int64_t n) {
+    float r[4][4] = {{0}};
+    int m = 0;
+    for (; m < M; m += 4) {
+        const uint16_t *xm = xb + (int64_t)m * K;
+        switch (M - m < 4 ? M - m : 4) { /* constant MR and NR: accumulators stay in registers */
+        case 1: NR == 4 ? dot_bf16_tile(xm, K, 1, w, K, 4, r) : dot_bf16_tile(xm, K, 1, w, K, 1, r); break;
+        case 2: NR == 4 ? dot_bf16_tile(xm, K, 2, w, K, 4, r) : dot_bf16_tile(xm, K, 2, w, K, 1, r); break;
+        case 3: NR == 4 ? dot_bf16_tile(xm, K, 3, w, K, 4, r) : dot_bf16_tile(xm, K, 3, w, K, 1, r); break;
+        default: NR == 4 ? dot_bf16_tile(xm, K, 4, w, K, 4, r) : dot_bf16_tile(xm, K, 4, w, K, 1, r); break;
+        }
+        for (int i = 0; i < 4 && m + i < M; i++)
+            for (int j = 0; j < NR; j++) out[(int64_t)(m + i) * N + n + j] = r[i][j] + (bias ? bias[n + j] : 0.0f);
+    }
+}
+
+static void gemv_bf16_avx512(const uint16_t *xb, int M, const kn_weight *wt, const float *bias, float *out, int64_t n0,
+                             int64_t n1) {
+    const int64_t K = wt->cols, N = wt->rows;
+    const uint16_t *w = wt->data;
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) gemv_bf16_rows(xb, M, w + n * K, K, N, 4, bias, out, n);
+    for (; n < n1; n++) gemv_bf16_rows(xb, M, w + n * K, K, N, 1, bias, out, n);
 }
 
 /* ---- gemm_bf16 ----------------------------------------------------------- */
@@ -543,6 +618,7 @@ static void avx512_init(void) {
     avx512_set.gemv = gemv_avx512;
     avx512_set.pack_a_bf16 = pack_a_bf16_avx512;
     avx512_set.gemm_bf16 = gemm_bf16_avx512;
+    avx512_set.gemv_bf16 = gemv_bf16_avx512;
     if (__builtin_cpu_supports("avx512vnni")) { /* vpdpbusd */
         avx512_set.qgemv_prep = qgemv_prep_avx512;
         avx512_set.qgemv = qgemv_avx512;

@@ -269,8 +269,11 @@ static void check_fixture(const char *name, int bits, int gs, double kl_tol) {
                 maxe = dd > maxe || isnan(dd) ? dd : maxe;
                 gscale = fabs(deq[i]) > gscale ? fabs(deq[i]) : gscale;
             }
-            CHECK(maxe <= 1e-4 * gscale, "%s %d-bit g%d: quantized vs dequantized-f32 max |d| %.3g > 1e-4 x %.3g", name,
-                  bits, gs, maxe, gscale);
+            /* x in f32 (KILN_CPU_KERNELS=avx2 in test_quant_avx2, CUDA): float rounding; the VNNI kernels
+             * carry x to 1/32512 of its group's max (quant_x_rel_error), measured 1.5e-4..2.7e-4 here */
+            const double bound = qm->be->quant_x_rel_error > 0 ? 5e-4 : 1e-4;
+            CHECK(maxe <= bound * gscale, "%s %d-bit g%d: quantized vs dequantized-f32 max |d| %.3g > %g x %.3g", name,
+                  bits, gs, maxe, bound, gscale);
             kn_model_close(dm);
         }
     }

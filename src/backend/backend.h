@@ -295,6 +295,11 @@ struct kn_backend {
      * dtype before multiplying (tensor-core GEMM); 0 = x is always used in
      * float32. Tests build their reference accordingly. */
     int matmul_x_rounding_min_rows;
+    /* Quantized (MLX affine) matmuls: the largest error of an element of x
+     * as used, relative to max |x| over its group (0 = x used in f32). The
+     * CPU's VNNI kernels carry x as two int8 terms: 1 / 32512. Tests bound
+     * quantized-vs-dequantized results accordingly. */
+    double quant_x_rel_error;
     /* fraction of the device's memory this process may fill (weights, KV
      * cache, scratch); 0 = 0.9. Used where memory_info exists. */
     double memory_fraction;

@@ -49,13 +49,17 @@ typedef struct {
      * (callers fall back). */
     void (*qgemv_prep)(const float *x, int M, int64_t K, int bits, int gs, void *prep);
     int (*qgemv)(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1);
-    /* Optional: MLX affine matmul for large M with x in f32. qpack_a packs x
-     * into 32-row tiles [t0, t1) of 32 * K floats each (K a multiple of 32);
-     * qgemm computes output columns [n0, n1) with wb: 12 * K floats of
-     * per-thread scratch; returns 0 for bits it does not handle. */
-    void (*qpack_a)(const float *x, int M, int64_t K, int bits, int t0, int t1, float *apf);
-    int (*qgemm)(const float *apf, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1,
-                 float *wb);
+    /* Optional: MLX affine matmul for large M. qpack_a writes x in the
+     * kernel's own form, 32-row tiles [t0, t1), into prep of
+     * qgemm_prep_bytes(M, K, bits, gs) bytes (64-byte aligned); qgemm
+     * computes output columns [n0, n1) from it with qgemm_scratch_bytes(K,
+     * gs) bytes of per-thread scratch; returns 0 for weights it does not
+     * handle (callers fall back). */
+    size_t (*qgemm_prep_bytes)(int M, int64_t K, int bits, int gs);
+    size_t (*qgemm_scratch_bytes)(int64_t K, int gs);
+    void (*qpack_a)(const float *x, int M, int64_t K, int bits, int gs, int t0, int t1, void *prep);
+    int (*qgemm)(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1,
+                 void *scratch);
     /* Optional (NULL: callers decode rows and use dot/axpy): attention over
      * n bf16 rows of D elements (D % 16 == 0), row j at rows + j * stride
      * bytes, for ng query heads (q_g = q + g * D, acc_g = acc + g * D).
@@ -94,6 +98,12 @@ extern const kn_cpu_kernels kn_cpu_kernels_scalar;
 extern const kn_cpu_kernels kn_cpu_kernels_avx2;
 /* the AVX2 set with AVX-512 (F/BW/VL/BF16) kernels in place of some */
 const kn_cpu_kernels *kn_cpu_kernels_avx512(void);
+/* cpu_qgemm_vnni.c: the AVX-512 VNNI prefill matmul over 4/8-bit codes */
+size_t kn_qgemm_vnni_prep_bytes(int M, int64_t K, int bits, int gs);
+size_t kn_qgemm_vnni_scratch_bytes(int64_t K, int gs);
+void kn_qpack_vnni(const float *x, int M, int64_t K, int bits, int gs, int t0, int t1, void *prep);
+int kn_qgemm_vnni(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1,
+                  void *scratch);
 #endif
 
 /* The best kernel set this processor supports. */

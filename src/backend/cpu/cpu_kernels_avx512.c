@@ -30,12 +30,9 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_avx512_inline.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "base/quant.h"
-
-
-
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 ALWAYS_INLINE __m512 load16(const void *w, int64_t i, kn_dtype dt) {
     if (dt == KN_DT_F32) return _mm512_loadu_ps((const float *)w + i);
@@ -292,17 +289,6 @@ ALWAYS_INLINE qlay qlayout(int64_t K, int bits, int gs) {
     return L;
 }
 
-/* h and l (16 int8 each) of 16 floats v scaled by inv */
-ALWAYS_INLINE void quant_hl(__m512 v, __m512 inv, __m128i *h, __m128i *l) {
-    const __m512 t = _mm512_mul_ps(v, inv);
-    const __m512 hf = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 lf = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(t, hf), _mm512_set1_ps(256.0f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    lf = _mm512_min_ps(_mm512_max_ps(lf, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
-    *h = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(hf));
-    *l = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(lf));
-}
-
 static void qgemv_prep_avx512(const float *x, int M, int64_t K, int bits, int gs, void *prep) {
     const qlay L = qlayout(K, bits, gs);
     const int64_t G = K / gs;
@@ -328,16 +314,16 @@ static void qgemv_prep_avx512(const float *x, int M, int64_t K, int bits, int gs
                 const float fac = mx / 127.0f / 256.0f;
                 __m128i h0, l0, h1, l1;
                 if (bits == 4) { /* evens to the low-nibble half, odds to the high */
-                    quant_hl(_mm512_permutex2var_ps(lo, ev, hi), inv, &h0, &l0);
-                    quant_hl(_mm512_permutex2var_ps(lo, od, hi), inv, &h1, &l1);
+                    kn_quant_hl(_mm512_permutex2var_ps(lo, ev, hi), inv, &h0, &l0);
+                    kn_quant_hl(_mm512_permutex2var_ps(lo, od, hi), inv, &h1, &l1);
                     _mm_storeu_si128((__m128i *)(q + 16 * b), h0);
                     _mm_storeu_si128((__m128i *)(q + 64 + 16 * b), h1);
                     _mm_storeu_si128((__m128i *)(q + 128 + 16 * b), l0);
                     _mm_storeu_si128((__m128i *)(q + 192 + 16 * b), l1);
                     for (int i = 0; i < 4; i++) xf[c * 16 + 4 * b + i] = fac; /* lanes 4b..4b+3 */
                 } else {
-                    quant_hl(lo, inv, &h0, &l0);
-                    quant_hl(hi, inv, &h1, &l1);
+                    kn_quant_hl(lo, inv, &h0, &l0);
+                    kn_quant_hl(hi, inv, &h1, &l1);
                     _mm_storeu_si128((__m128i *)(q + 32 * b), h0);
                     _mm_storeu_si128((__m128i *)(q + 32 * b + 16), h1);
                     _mm_storeu_si128((__m128i *)(q + 64 + 32 * b), l0);
@@ -466,7 +452,9 @@ static int qgemv_avx512(const void *prep, int M, const kn_weight *w, const float
 /* apf[tile][k][32]: x rows of 32-row tiles [t0, t1) in f32 (zero past M);
  * for 4-bit codes k runs in each 32-chunk's evens, then its odds, to match
  * dequant_row's. */
-static void pack_a_f32_avx512(const float *x, int M, int64_t K, int bits, int t0, int t1, float *apf) {
+static void pack_a_f32_avx512(const float *x, int M, int64_t K, int bits, int gs, int t0, int t1, void *prep) {
+    (void)gs;
+    float *apf = prep;
     for (int t = t0; t < t1; t++) {
         float *dst = apf + (int64_t)t * K * 32;
         for (int i = 0; i < 32; i++) {
@@ -538,8 +526,20 @@ ALWAYS_INLINE void f32_tile(const float *ap, int64_t K, const float *wb, int NR,
 
 /* Output columns [n0, n1): 12 weight rows at a time are dequantized into
  * wb (12 * K floats, per thread), then every 32-row x tile runs over them. */
-static int qgemm_avx512(const float *apf, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
-                        int64_t n1, float *wb) {
+static size_t qgemm_f32_prep_bytes(int M, int64_t K, int bits, int gs) {
+    (void)bits, (void)gs;
+    return (size_t)((M + 31) / 32) * 32 * (size_t)K * sizeof(float);
+}
+
+static size_t qgemm_f32_scratch_bytes(int64_t K, int gs) {
+    (void)gs;
+    return (size_t)12 * (size_t)K * sizeof(float);
+}
+
+static int qgemm_avx512(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0,
+                        int64_t n1, void *scratch) {
+    const float *apf = prep;
+    float *wb = scratch;
     if (w->bits != 4 && w->bits != 8) return 0;
     const int64_t K = w->cols, N = w->rows, G = K / w->group_size, row_bytes = K * w->bits / 8;
     const int tiles = (M + 31) / 32;
@@ -623,10 +623,18 @@ static void avx512_init(void) {
         avx512_set.qgemv_prep = qgemv_prep_avx512;
         avx512_set.qgemv = qgemv_avx512;
     }
+    avx512_set.qgemm_prep_bytes = qgemm_f32_prep_bytes;
+    avx512_set.qgemm_scratch_bytes = qgemm_f32_scratch_bytes;
     avx512_set.qpack_a = pack_a_f32_avx512;
     avx512_set.dot_rows_bf16 = dot_rows_bf16_avx512;
     avx512_set.axpy_rows_bf16 = axpy_rows_bf16_avx512;
     avx512_set.qgemm = qgemm_avx512;
+    if (__builtin_cpu_supports("avx512vnni")) { /* the integer prefill GEMM over the codes */
+        avx512_set.qgemm_prep_bytes = kn_qgemm_vnni_prep_bytes;
+        avx512_set.qgemm_scratch_bytes = kn_qgemm_vnni_scratch_bytes;
+        avx512_set.qpack_a = kn_qpack_vnni;
+        avx512_set.qgemm = kn_qgemm_vnni;
+    }
 }
 
 const kn_cpu_kernels *kn_cpu_kernels_avx512(void) {

@@ -143,32 +143,32 @@ static int qgemm_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, siz
                       int M, const kn_weight *w, const float *bias, float *out) {
     const int64_t K = w->cols, N = w->rows;
     if (!k->qgemm || (w->bits != 4 && w->bits != 8) || K % 32 != 0) return 0;
-    const int tiles = (M + 31) / 32, nt = be->n_threads;
-    const size_t need = (size_t)tiles * 32 * (size_t)K;
+    const int tiles = (M + 31) / 32, nt = be->n_threads, gs = w->group_size;
+    const size_t need = (k->qgemm_prep_bytes(M, K, w->bits, gs) + sizeof(float) - 1) / sizeof(float);
     if (need > *prep_floats) {
         void *p = NULL;
         if (posix_memalign(&p, 64, need * sizeof(float)) != 0) return 0;
         free(*prep);
         *prep = p, *prep_floats = need;
     }
-    float *apf = *prep;
-    int ok = 1;
+    void *xp = *prep;
 #pragma omp parallel num_threads(nt)
     {
         int t = omp_get_thread_num(), per = (tiles + nt - 1) / nt;
         int t0 = t * per, t1 = t0 + per < tiles ? t0 + per : tiles;
-        if (t0 < t1) k->qpack_a(x, M, K, w->bits, t0, t1, apf);
+        if (t0 < t1) k->qpack_a(x, M, K, w->bits, gs, t0, t1, xp);
     }
     const int64_t nb = 48, nblocks = (N + nb - 1) / nb;
+    const size_t scratch_bytes = (k->qgemm_scratch_bytes(K, gs) + 63) & ~(size_t)63;
+    int ok = 1;
 #pragma omp parallel num_threads(nt)
     {
-        float *wb = NULL;
-        if (posix_memalign((void **)&wb, 64, (size_t)12 * (size_t)K * sizeof(float)) != 0) wb = NULL;
+        void *wb = NULL;
+        if (posix_memalign(&wb, 64, scratch_bytes) != 0) wb = NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < nblocks; b++) {
             int64_t n0 = b * nb, n1 = n0 + nb < N ? n0 + nb : N;
-            if (wb) k->qgemm(apf, M, w, bias, out, n0, n1, wb);
-            else {
+            if (!wb || !k->qgemm(xp, M, w, bias, out, n0, n1, wb)) {
 #pragma omp atomic write
                 ok = 0;
             }

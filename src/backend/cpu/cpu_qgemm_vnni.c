@@ -34,7 +34,10 @@
 #include "base/quant.h"
 
 #define QV_ROWS 32 /* rows of x per packed tile */
-#define QV_NR 4    /* weight rows per register tile */
+#ifndef QV_NR
+#define QV_NR 4 /* weight rows per register tile */
+#endif
+#define QV_WM (3 * QV_NR) /* floats of unpacked group data per group */
 
 typedef struct {
     int64_t quads, G, meta_off, bytes; /* per tile: quads, groups, byte offset of the group data, size */
@@ -124,7 +127,7 @@ void kn_qpack_vnni(const float *x, int M, int64_t K, int bits, int gs, int t0, i
 
 /* Weight rows [n, n + nr) (nr <= 4; missing rows zero) unpacked for the
  * tile: wq[r * quads + j] = quad j of row r as signed bytes c = q - o; per
- * group g, wm[g * 12 + {0, 4, 8} + r] = scale, bias and the weight-side term
+ * group g, wm[g * QV_WM + {0, 1, 2} * QV_NR + r] = scale, bias and the weight-side term
  * 128 (sum q - o gs) (an integer below 2^24 in magnitude, so exact). */
 static void unpack_rows(const kn_weight *w, int64_t n, int nr, int32_t *wq, float *wm) {
     const int64_t K = w->cols, G = K / w->group_size, words = K * w->bits / 32, quads = K / 4;
@@ -137,7 +140,7 @@ static void unpack_rows(const kn_weight *w, int64_t n, int nr, int32_t *wq, floa
         int32_t *dst = wq + r * quads;
         if (r >= nr) {
             memset(dst, 0, (size_t)quads * 4);
-            for (int64_t g = 0; g < G; g++) wm[g * 12 + r] = wm[g * 12 + 4 + r] = wm[g * 12 + 8 + r] = 0.0f;
+            for (int64_t g = 0; g < G; g++) wm[g * QV_WM + r] = wm[g * QV_WM + QV_NR + r] = wm[g * QV_WM + 2 * QV_NR + r] = 0.0f;
             continue;
         }
         const uint32_t *codes = (const uint32_t *)w->data + (n + r) * words;
@@ -165,9 +168,9 @@ static void unpack_rows(const kn_weight *w, int64_t n, int nr, int32_t *wq, floa
                 gsum += wsum[i];
                 if (++in_group == words_per_group) {
                     const int64_t gi = (n + r) * G + g;
-                    wm[g * 12 + r] = kn_load_f32(w->scales, w->sb_dtype, gi);
-                    wm[g * 12 + 4 + r] = kn_load_f32(w->biases, w->sb_dtype, gi);
-                    wm[g * 12 + 8 + r] = (float)(128 * (gsum - o * gs)); /* |.| < 2^24: exact */
+                    wm[g * QV_WM + r] = kn_load_f32(w->scales, w->sb_dtype, gi);
+                    wm[g * QV_WM + QV_NR + r] = kn_load_f32(w->biases, w->sb_dtype, gi);
+                    wm[g * QV_WM + 2 * QV_NR + r] = (float)(128 * (gsum - o * gs)); /* |.| < 2^24: exact */
                     g++, gsum = 0, in_group = 0;
                 }
             }
@@ -191,7 +194,7 @@ static void vnni_tile(const uint8_t *xt, const qv_layout *L, int gs, const int32
     memset(facc, 0, 2 * QV_NR * 16 * sizeof(float));
     for (int64_t g = 0; g < L->G; g++) {
         __m512i ah[2][QV_NR], al[2][QV_NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int n = 0; n < QV_NR; n++)
             ah[0][n] = ah[1][n] = al[0][n] = al[1][n] = _mm512_setzero_si512();
         const uint8_t *xq = xt + g * qpg * 256;
@@ -199,7 +202,7 @@ static void vnni_tile(const uint8_t *xt, const qv_layout *L, int gs, const int32
         for (int j = 0; j < qpg; j++, xq += 256) {
             const __m512i xh0 = _mm512_load_si512(xq), xh1 = _mm512_load_si512(xq + 64);
             const __m512i xl0 = _mm512_load_si512(xq + 128), xl1 = _mm512_load_si512(xq + 192);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int n = 0; n < QV_NR; n++) {
                 const __m512i wb = _mm512_set1_epi32(wg[n * L->quads + j]);
                 DPBUSD(ah[0][n], xh0, wb);
@@ -209,23 +212,23 @@ static void vnni_tile(const uint8_t *xt, const qv_layout *L, int gs, const int32
             }
         }
         const uint8_t *meta = xt + L->meta_off + g * 4 * QV_ROWS * 4;
-        const float *wmg = wm + g * 12;
+        const float *wmg = wm + g * QV_WM;
 #pragma GCC unroll 2
         for (int i = 0; i < 2; i++) {
             const __m512 xs = _mm512_load_ps((const float *)meta + 16 * i);
             const __m512i sh = _mm512_load_si512(meta + QV_ROWS * 4 + 64 * i);
             const __m512i sl = _mm512_load_si512(meta + 2 * QV_ROWS * 4 + 64 * i);
             const __m512 xsum = _mm512_load_ps((const float *)(meta + 3 * QV_ROWS * 4) + 16 * i);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int n = 0; n < QV_NR; n++) {
-                const __m512i cq = _mm512_set1_epi32((int32_t)wmg[8 + n]);
+                const __m512i cq = _mm512_set1_epi32((int32_t)wmg[2 * QV_NR + n]);
                 const __m512i ih = _mm512_sub_epi32(_mm512_add_epi32(ah[i][n], sh), cq);
                 const __m512i il = _mm512_sub_epi32(_mm512_add_epi32(al[i][n], sl), cq);
                 const __m512 tv =
                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(il), _mm512_set1_ps(1.0f / 256.0f), _mm512_cvtepi32_ps(ih));
                 float *fp = facc + (i * QV_NR + n) * 16;
                 __m512 f = _mm512_fmadd_ps(tv, _mm512_mul_ps(xs, _mm512_set1_ps(wmg[n])), _mm512_loadu_ps(fp));
-                _mm512_storeu_ps(fp, _mm512_fmadd_ps(xsum, _mm512_set1_ps(wmg[4 + n]), f));
+                _mm512_storeu_ps(fp, _mm512_fmadd_ps(xsum, _mm512_set1_ps(wmg[QV_NR + n]), f));
             }
         }
     }
@@ -243,7 +246,7 @@ static void vnni_tile(const uint8_t *xt, const qv_layout *L, int gs, const int32
 }
 
 size_t kn_qgemm_vnni_scratch_bytes(int64_t K, int gs) {
-    return (size_t)QV_NR * (size_t)K + (size_t)(K / gs) * 12 * sizeof(float) + 2 * QV_NR * 16 * sizeof(float);
+    return (size_t)QV_NR * (size_t)K + (size_t)(K / gs) * QV_WM * sizeof(float) + 2 * QV_NR * 16 * sizeof(float);
 }
 
 int kn_qgemm_vnni(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1,
@@ -254,7 +257,7 @@ int kn_qgemm_vnni(const void *prep, int M, const kn_weight *w, const float *bias
     const int tiles = (M + QV_ROWS - 1) / QV_ROWS;
     int32_t *wq = scratch;
     float *wm = (float *)((uint8_t *)scratch + (size_t)QV_NR * (size_t)K);
-    float *facc = wm + L.G * 12;
+    float *facc = wm + L.G * QV_WM;
     for (int64_t n = n0; n < n1; n += QV_NR) {
         const int nr = (int)(n1 - n < QV_NR ? n1 - n : QV_NR);
         unpack_rows(w, n, nr, wq, wm);

@@ -56,6 +56,21 @@ int main(void) {
     CHECK(parse("{\"model_type\": \"llama\", " BASE ", \"hidden_act\": \"silu\", \"max_position_embeddings\": 4096.0}", NULL, &c, &err) == KN_OK &&
               c.max_position_embeddings == 4096, "integral float accepted");
 
+    /* MLX quantization blocks: 2/3/4/5/6/8 bits, per-module overrides (mlx-lm's mixed recipes), refusals */
+    CHECK(parse("{\"model_type\": \"llama\", " BASE ", \"quantization\": {\"group_size\": 64, \"bits\": 3, "
+                "\"model.layers.1.self_attn.v_proj\": {\"group_size\": 64, \"bits\": 6}, \"lm_head\": false}}",
+                NULL, &c, &err) == KN_OK && c.quant_bits == 3 && c.quant_group_size == 64 && c.quant_n_overrides == 2,
+          "3-bit with overrides: %s", err.msg);
+    CHECK(parse("{\"model_type\": \"llama\", " BASE ", \"quantization_config\": {\"group_size\": 32, \"bits\": 5}}", NULL,
+                &c, &err) == KN_OK && c.quant_bits == 5 && c.quant_group_size == 32, "5-bit: %s", err.msg);
+    expect_error("{\"model_type\": \"llama\", " BASE ", \"quantization\": {\"group_size\": 64, \"bits\": 7}}",
+                 KN_ERR_UNSUPPORTED, "bits 7");
+    expect_error("{\"model_type\": \"llama\", " BASE ", \"quantization\": {\"group_size\": 64, \"bits\": 4, "
+                 "\"model.layers.0.mlp.down_proj\": {\"group_size\": 48, \"bits\": 6}}}",
+                 KN_ERR_UNSUPPORTED, "group_size 48");
+    expect_error("{\"model_type\": \"llama\", " BASE ", \"quantization\": {\"bits\": 4, \"quant_method\": \"gptq\"}}",
+                 KN_ERR_UNSUPPORTED, "gptq");
+
     /* model families: the feature table each model_type selects */
     CHECK(parse("{\"model_type\": \"gemma\", " BASE "}", NULL, &c, &err) == KN_OK && c.arch == KN_ARCH_GEMMA &&
               c.norm_weight_offset == 1.0 && c.act == 1 && c.embed_scale == 8.0 && c.tie_word_embeddings &&

@@ -27,7 +27,7 @@ void kn_backend_destroy(kn_backend *be) {
 }
 
 kn_code kn_be_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err) {
-    kn_code rc = kn_quant_check("quantized weight", src->bits, src->group_size, src->rows, src->cols, err);
+    kn_code rc = kn_quant_check_compute("quantized weight", src->bits, src->group_size, src->rows, src->cols, err);
     if (rc) return rc;
     if (src->sb_dtype != KN_DT_F32 && src->sb_dtype != KN_DT_BF16 && src->sb_dtype != KN_DT_F16)
         return kn_fail(err, KN_ERR_UNSUPPORTED, "quantized weight: scales/biases of dtype %s (supported: F32, BF16, F16)",

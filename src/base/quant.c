@@ -6,12 +6,8 @@
 #include <string.h>
 
 kn_code kn_quant_check(const char *what, int bits, int group_size, int64_t rows, int64_t cols, kn_error *err) {
-    if (bits == 3 || bits == 5 || bits == 6)
-        return kn_fail(err, KN_ERR_UNSUPPORTED,
-                       "%s: %d-bit MLX quantization packs codes across words and is not supported (use 2, 4 or 8 bits)",
-                       what, bits);
     if (!kn_quant_bits_ok(bits))
-        return kn_fail(err, KN_ERR_FORMAT, "%s: quantization bits %d (supported: 2, 4, 8)", what, bits);
+        return kn_fail(err, KN_ERR_FORMAT, "%s: quantization bits %d (supported: 2, 3, 4, 5, 6, 8)", what, bits);
     if (!kn_quant_group_ok(group_size))
         return kn_fail(err, KN_ERR_UNSUPPORTED, "%s: quantization group_size %d (supported: 32, 64, 128)", what,
                        group_size);
@@ -19,6 +15,13 @@ kn_code kn_quant_check(const char *what, int bits, int group_size, int64_t rows,
         return kn_fail(err, KN_ERR_FORMAT, "%s: shape [%lld, %lld] does not split into groups of %d columns", what,
                        (long long)rows, (long long)cols, group_size);
     return KN_OK;
+}
+
+kn_code kn_quant_check_compute(const char *what, int bits, int group_size, int64_t rows, int64_t cols, kn_error *err) {
+    if (kn_quant_compute_bits(bits) != bits)
+        return kn_fail(err, KN_ERR_UNSUPPORTED, "%s: %d-bit codes must be widened to %d bits before a backend holds them",
+                       what, bits, kn_quant_compute_bits(bits));
+    return kn_quant_check(what, bits, group_size, rows, cols, err);
 }
 
 void kn_quant_group(const float *w, int gs, int bits, uint32_t *packed, float *scale_out, float *bias_out) {
@@ -37,13 +40,12 @@ void kn_quant_group(const float *w, int gs, int bits, uint32_t *packed, float *s
     const int at_zero = q0 == 0.0f;
     scale = at_zero ? scale : edge / q0;
     const float bias = at_zero ? 0.0f : edge;
-    const int per = 32 / bits;
-    memset(packed, 0, (size_t)(gs / per) * sizeof(uint32_t));
+    memset(packed, 0, (size_t)(gs * bits / 32) * sizeof(uint32_t));
     for (int i = 0; i < gs; i++) {
         float v = roundf((w[i] - bias) / scale);
         v = fminf(v, n_bins);
         uint32_t q = v > 0.0f ? (uint32_t)v : 0u; /* MLX converts to uint8; never negative in exact math */
-        packed[i / per] |= q << (bits * (i % per));
+        kn_quant_put(packed, i, bits, q);
     }
     *scale_out = scale;
     *bias_out = bias;

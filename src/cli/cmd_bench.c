@@ -176,7 +176,7 @@ int kn_cmd_bench(int argc, char **argv) {
     }
     if (!model == !synthetic) return kn_cli_usage_error("bench: give either MODEL or --synthetic CONFIG.json");
     if (bits && !synthetic) return kn_cli_usage_error("bench: --bits applies to --synthetic weights (a quantized MODEL says its own)");
-    if (bits && (!kn_quant_bits_ok((int)bits) || !kn_quant_group_ok((int)group_size)))
+    if (bits && (!kn_quant_bits_ok((int)bits) || kn_quant_compute_bits((int)bits) != (int)bits || !kn_quant_group_ok((int)group_size)))
         return kn_cli_usage_error("bench: --bits must be 2, 4 or 8 and --group-size 32, 64 or 128");
     int ctx = (int)(prompt + gen);
     kn_model *m = NULL;

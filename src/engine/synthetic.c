@@ -129,7 +129,7 @@ kn_code kn_synthetic_create_quant(const kn_model_config *c, kn_dtype dt, int bit
                                   int n_threads, kn_synthetic **out, kn_error *err) {
     kn_code rc = kn_synthetic_create(c, dt, seed, n_threads, out, err);
     if (rc || bits == 0) return rc;
-    if (!kn_quant_bits_ok(bits) || !kn_quant_group_ok(group_size) || dt == KN_DT_F32) {
+    if (!kn_quant_bits_ok(bits) || kn_quant_compute_bits(bits) != bits || !kn_quant_group_ok(group_size) || dt == KN_DT_F32) {
         kn_synthetic_free(*out);
         *out = NULL;
         return kn_fail(err, KN_ERR_INVALID_ARG,

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend/backend.h" /* KN_MOE_MAX_EXPERTS */
+#include "base/quant.h"
 #include "io/file_util.h"
 
 static const char *const arch_names[KN_ARCH_COUNT] = {
@@ -417,15 +418,9 @@ static int parse_rope_layers(cfg_ctx *c, json_t *root, kn_model_config *cfg) {
  * bad block is reported before any tensor is read. */
 static int parse_quant_pair(cfg_ctx *c, json_t *q, const char *what, int *bits, int *gs) {
     if (get_int(c, q, "bits", 0, bits) || get_int(c, q, "group_size", 64, gs)) return -1;
-    if (*bits == 3 || *bits == 5 || *bits == 6) {
+    if (!kn_quant_bits_ok(*bits) || !kn_quant_group_ok(*gs)) {
         c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
-                          "%s: %s: %d-bit MLX quantization packs codes across words and is not supported (2, 4, 8)",
-                          c->where, what, *bits);
-        return -1;
-    }
-    if ((*bits != 2 && *bits != 4 && *bits != 8) || (*gs != 32 && *gs != 64 && *gs != 128)) {
-        c->code = kn_fail(c->err, KN_ERR_UNSUPPORTED,
-                          "%s: %s: bits %d / group_size %d (supported: bits 2, 4, 8; group_size 32, 64, 128)", c->where,
+                          "%s: %s: bits %d / group_size %d (supported: bits 2, 3, 4, 5, 6, 8; group_size 32, 64, 128)", c->where,
                           what, *bits, *gs);
         return -1;
     }

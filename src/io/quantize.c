@@ -29,6 +29,45 @@ int kn_quantize_selects(const char *name, int ndim, const int64_t *shape, int gr
     return 1;
 }
 
+int kn_quantize_recipe(const char *recipe, int *low_bits, int *high_bits) {
+    static const struct {
+        const char *name;
+        int low, high;
+    } recipes[] = {{"mixed_2_6", 2, 6}, {"mixed_3_4", 3, 4}, {"mixed_3_6", 3, 6}, {"mixed_4_6", 4, 6}};
+    for (size_t i = 0; recipe && i < sizeof recipes / sizeof *recipes; i++)
+        if (!strcmp(recipe, recipes[i].name)) {
+            *low_bits = recipes[i].low, *high_bits = recipes[i].high;
+            return 1;
+        }
+    return 0;
+}
+
+/* the first all-digit component of a dotted tensor name (the layer), or 0 */
+static int layer_index(const char *name) {
+    for (const char *p = name; *p;) {
+        const char *e = strchr(p, '.');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        size_t d = 0;
+        while (d < n && p[d] >= '0' && p[d] <= '9') d++;
+        if (n > 0 && d == n && n < 9) return atoi(p);
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
+int kn_quantize_recipe_bits(const char *recipe, const char *tensor, int n_layers) {
+    int low, high;
+    if (!kn_quantize_recipe(recipe, &low, &high)) return 0;
+    const int i = layer_index(tensor), eighth = n_layers / 8;
+    const int more = i < eighth || i >= 7 * n_layers / 8 || (i - eighth) % 3 == 2;
+    if (strstr(tensor, "lm_head")) return high;
+    if (more && (strstr(tensor, "v_proj") || strstr(tensor, "v_a_proj") || strstr(tensor, "v_b_proj") ||
+                 strstr(tensor, "down_proj")))
+        return high;
+    return low;
+}
+
 static kn_code copy_file(const char *src, const char *dst, kn_error *err) {
     char *buf;
     size_t len;
@@ -50,7 +89,11 @@ static int is_side_file(const char *n) {
     return 0;
 }
 
-static kn_code write_config(const char *in_dir, const char *out_dir, const kn_quantize_opts *o, kn_error *err) {
+/* config.json with the quantization block: default bits/group size, and an
+ * entry per module quantized with other bits (overrides[i] names a tensor
+ * "<module>.weight" and its bits) */
+static kn_code write_config(const char *in_dir, const char *out_dir, const kn_quantize_opts *o, int bits,
+                            char *const *override_names, const int *override_bits, int n_overrides, kn_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", in_dir);
     json_error_t jerr;
@@ -62,8 +105,18 @@ static kn_code write_config(const char *in_dir, const char *out_dir, const kn_qu
     for (int i = 0; i < 2; i++) {
         json_t *q = json_object();
         json_object_set_new(q, "group_size", json_integer(o->group_size));
-        json_object_set_new(q, "bits", json_integer(o->bits));
+        json_object_set_new(q, "bits", json_integer(bits));
         json_object_set_new(q, "mode", json_string("affine"));
+        for (int k = 0; k < n_overrides; k++) {
+            json_t *m = json_object();
+            json_object_set_new(m, "group_size", json_integer(o->group_size));
+            json_object_set_new(m, "bits", json_integer(override_bits[k]));
+            json_object_set_new(m, "mode", json_string("affine"));
+            const size_t len = strlen(override_names[k]); /* minus ".weight": the module path */
+            char path_key[512];
+            snprintf(path_key, sizeof path_key, "%.*s", (int)(len - 7), override_names[k]);
+            json_object_set_new(q, path_key, m);
+        }
         json_object_set_new(root, i ? "quantization_config" : "quantization", q);
     }
     snprintf(path, sizeof path, "%s/config.json", out_dir);
@@ -96,7 +149,13 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
                                kn_quantize_stats *stats, kn_error *err) {
     kn_quantize_stats st0 = {0};
     if (stats) *stats = st0;
-    kn_code rc = kn_quant_check("kiln quantize", o->bits, o->group_size, 1, o->group_size, err);
+    int low = o->bits, high = o->bits;
+    if (o->mixed && !kn_quantize_recipe(o->mixed, &low, &high))
+        return kn_fail(err, KN_ERR_INVALID_ARG,
+                       "kiln quantize: unknown mixed-precision recipe \"%s\" (mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6)",
+                       o->mixed);
+    kn_code rc = kn_quant_check("kiln quantize", low, o->group_size, 1, o->group_size, err);
+    if (!rc) rc = kn_quant_check("kiln quantize", high, o->group_size, 1, o->group_size, err);
     if (rc) return rc;
     if (!kn_is_dir(in_dir)) return kn_fail(err, KN_ERR_IO, "%s: not a readable checkpoint directory", in_dir);
     kn_model_config cfg;
@@ -115,15 +174,18 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
     kn_stw_desc *d = calloc(3 * n + 1, sizeof *d);
     char **names = calloc(3 * n + 1, sizeof *names);
     uint8_t *sel = calloc(n + 1, 1);
+    int *tbits = calloc(n + 1, sizeof *tbits), *obits = calloc(n + 1, sizeof *obits), n_over = 0;
+    char **onames = calloc(n + 1, sizeof *onames);
     kn_st_writer *w = NULL;
     float *row = NULL;
     void *qbuf = NULL, *sbuf = NULL, *bbuf = NULL;
     size_t nd = 0, max_cols = 0, max_q = 0, max_s = 0;
-    if (!d || !names || !sel) {
+    if (!d || !names || !sel || !tbits || !obits || !onames) {
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
         goto done;
     }
     kn_quantize_stats s = st0;
+    s.low_bits = low, s.high_bits = high;
     for (size_t i = 0; i < n; i++) {
         const kn_st_tensor *t = kn_st_at(in, i);
         int is_float = t->dtype == KN_DT_F32 || t->dtype == KN_DT_BF16 || t->dtype == KN_DT_F16;
@@ -146,7 +208,9 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
             continue;
         }
         const int64_t rows = t->shape[0], cols = t->shape[1], G = cols / o->group_size;
-        const int64_t words = kn_quant_row_words(cols, o->bits);
+        tbits[i] = o->mixed ? kn_quantize_recipe_bits(o->mixed, t->name, cfg.n_layers) : o->bits;
+        if (tbits[i] != low) onames[n_over] = (char *)t->name, obits[n_over++] = tbits[i], s.n_high++;
+        const int64_t words = kn_quant_row_words(cols, tbits[i]);
         char base[512];
         snprintf(base, sizeof base, "%.*s", (int)(len - 7), t->name);
         const char *suffix[3] = {".weight", ".scales", ".biases"};
@@ -183,9 +247,9 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
             continue;
         }
         const int64_t rows = t->shape[0], cols = t->shape[1], G = cols / o->group_size;
-        quantize_tensor(t, o->bits, o->group_size, qbuf, sbuf, bbuf, row);
+        quantize_tensor(t, tbits[i], o->group_size, qbuf, sbuf, bbuf, row);
         const size_t sbytes = (size_t)(rows * G) * kn_dtype_size(t->dtype);
-        rc = kn_st_writer_put(w, qbuf, (size_t)(rows * kn_quant_row_words(cols, o->bits)) * 4, err);
+        rc = kn_st_writer_put(w, qbuf, (size_t)(rows * kn_quant_row_words(cols, tbits[i])) * 4, err);
         if (!rc) rc = kn_st_writer_put(w, sbuf, sbytes, err);
         if (!rc) rc = kn_st_writer_put(w, bbuf, sbytes, err);
     }
@@ -193,7 +257,7 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
     rc = kn_st_writer_close(w, err);
     w = NULL;
     if (rc) goto done;
-    if ((rc = write_config(in_dir, out_dir, o, err))) goto done;
+    if ((rc = write_config(in_dir, out_dir, o, low, onames, obits, n_over, err))) goto done;
     DIR *dir = opendir(in_dir);
     struct dirent *e;
     while (dir && !rc && (e = readdir(dir))) {
@@ -208,7 +272,8 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
 done:
     kn_st_writer_abort(w);
     for (size_t i = 0; names && i < nd; i++) free(names[i]);
-    free(names), free(d), free(sel), free(row), free(qbuf), free(sbuf), free(bbuf);
+    free(names), free(d), free(sel), free(row), free(qbuf), free(sbuf), free(bbuf), free(tbits), free(obits),
+        free(onames);
     kn_st_close(in);
     return rc;
 }

@@ -130,37 +130,81 @@ static kn_code ld_quant_part(const kn_tensor_source *src, const char *name, cons
     return KN_OK;
 }
 
-/* Row blocks of quantized parts (same bits, group size, scale dtype) as one
- * quantized weight; rows of codes and of scales/biases move together. */
+/* Codes, scales and biases of `rows` rows (source bits sb, group size sg,
+ * scale dtype sdt) rewritten for the layout (bits, gs, dt): each code as is
+ * (bits >= sb), each group's scale and bias repeated over the gs-sized
+ * groups it covers (gs <= sg), scales widened to f32 when dt is F32. Exact:
+ * every weight keeps its value scale * q + bias. src: room for one source
+ * row's words. */
+static void ld_repack_quant(const uint8_t *q, const uint8_t *sc, const uint8_t *bi, int64_t rows, int64_t cols, int sb,
+                            int sg, kn_dtype sdt, int bits, int gs, kn_dtype dt, uint8_t *oq, uint8_t *osc,
+                            uint8_t *obi, uint32_t *src) {
+    const int64_t sw = kn_quant_row_words(cols, sb), ow = kn_quant_row_words(cols, bits);
+    const int64_t sG = cols / sg, oG = cols / gs;
+    const size_t ssz = kn_dtype_size(sdt), osz = kn_dtype_size(dt);
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(src, q + r * sw * 4, (size_t)sw * 4); /* the checkpoint's bytes need not be 4-byte aligned */
+        uint32_t *dst = (uint32_t *)(void *)oq + r * ow;
+        memset(dst, 0, (size_t)ow * 4);
+        for (int64_t c = 0; c < cols; c++) kn_quant_put(dst, c, bits, kn_quant_code(src, c, sb));
+        for (int64_t g = 0; g < oG; g++) {
+            const int64_t from = r * sG + g * gs / sg, to = r * oG + g;
+            if (dt == sdt) {
+                memcpy(osc + to * osz, sc + from * ssz, osz);
+                memcpy(obi + to * osz, bi + from * ssz, osz);
+            } else { /* dt is F32 */
+                ((float *)(void *)osc)[to] = kn_load_f32(sc, sdt, from);
+                ((float *)(void *)obi)[to] = kn_load_f32(bi, sdt, from);
+            }
+        }
+    }
+}
+
+/* Row blocks of quantized parts as one quantized weight; rows of codes and
+ * of scales/biases move together. Parts quantized differently (per-module
+ * overrides, e.g. mlx-lm's mixed recipes giving v_proj more bits than
+ * q/k_proj) and 3/5/6-bit parts are rewritten exactly into one layout the
+ * backends compute with: the widest compute bits, the smallest group size,
+ * f32 scales if the parts' scale dtypes differ. */
 static kn_code ld_load_fused_quant(kn_model *m, char (*name)[256], const ld_qpart *qp, const ld_part *parts,
                                    int n_parts, int64_t cols, const ld_qk_perm *perm, kn_weight *out, kn_error *err) {
     int64_t total = 0;
+    int bits = 0, gs = qp[0].group_size, repack = 0;
+    kn_dtype dt = qp[0].scales->dtype;
     for (int i = 0; i < n_parts; i++) {
-        if (qp[i].bits != qp[0].bits || qp[i].group_size != qp[0].group_size ||
-            qp[i].scales->dtype != qp[0].scales->dtype)
-            return kn_fail(err, KN_ERR_UNSUPPORTED,
-                           "%s and %s are fused at load but quantized differently (%d-bit g%d vs %d-bit g%d)", name[0],
-                           name[i], qp[0].bits, qp[0].group_size, qp[i].bits, qp[i].group_size);
+        const int cb = kn_quant_compute_bits(qp[i].bits);
+        bits = cb > bits ? cb : bits;
+        gs = qp[i].group_size < gs ? qp[i].group_size : gs;
+        if (qp[i].scales->dtype != dt) dt = KN_DT_F32;
         total += parts[i].rows;
     }
+    for (int i = 0; i < n_parts; i++)
+        repack |= qp[i].bits != bits || qp[i].group_size != gs || qp[i].scales->dtype != dt;
     const int permute = perm && perm->rot_dim > 0;
-    kn_quant_host h = {.rows = total, .cols = cols, .bits = qp[0].bits, .group_size = qp[0].group_size,
-                       .sb_dtype = qp[0].scales->dtype};
-    if (n_parts == 1 && !permute) {
+    kn_quant_host h = {.rows = total, .cols = cols, .bits = bits, .group_size = gs, .sb_dtype = dt};
+    if (n_parts == 1 && !permute && !repack) {
         h.q = qp[0].q->data, h.scales = qp[0].scales->data, h.biases = qp[0].biases->data;
         return kn_be_weight_load_quant(m->be, &h, out, err);
     }
     const size_t qrow = (size_t)kn_quant_row_words(cols, h.bits) * 4;
     const size_t srow = (size_t)(cols / h.group_size) * kn_dtype_size(h.sb_dtype);
     uint8_t *q = malloc((size_t)total * qrow), *sc = malloc((size_t)total * srow), *bi = malloc((size_t)total * srow);
+    uint32_t *row = malloc((size_t)kn_quant_row_words(cols, 8) * 4); /* the widest source row */
     kn_code rc = KN_OK;
-    if (!q || !sc || !bi) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory fusing %s", name[0]);
+    if (!q || !sc || !bi || !row) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory loading %s", name[0]);
     size_t off = 0;
     for (int i = 0; i < n_parts && !rc; i++) {
-        memcpy(q + off * qrow, qp[i].q->data, (size_t)parts[i].rows * qrow);
-        memcpy(sc + off * srow, qp[i].scales->data, (size_t)parts[i].rows * srow);
-        memcpy(bi + off * srow, qp[i].biases->data, (size_t)parts[i].rows * srow);
-        off += (size_t)parts[i].rows;
+        const int64_t rows = parts[i].rows;
+        if (qp[i].bits == bits && qp[i].group_size == gs && qp[i].scales->dtype == dt) {
+            memcpy(q + off * qrow, qp[i].q->data, (size_t)rows * qrow);
+            memcpy(sc + off * srow, qp[i].scales->data, (size_t)rows * srow);
+            memcpy(bi + off * srow, qp[i].biases->data, (size_t)rows * srow);
+        } else {
+            ld_repack_quant(qp[i].q->data, qp[i].scales->data, qp[i].biases->data, rows, cols, qp[i].bits,
+                            qp[i].group_size, qp[i].scales->dtype, bits, gs, dt, q + off * qrow, sc + off * srow,
+                            bi + off * srow, row);
+        }
+        off += (size_t)rows;
     }
     if (!rc && permute) rc = ld_permute_qk_rows(q, qrow, perm, err);
     if (!rc && permute) rc = ld_permute_qk_rows(sc, srow, perm, err);
@@ -169,7 +213,7 @@ static kn_code ld_load_fused_quant(kn_model *m, char (*name)[256], const ld_qpar
         h.q = q, h.scales = sc, h.biases = bi;
         rc = kn_be_weight_load_quant(m->be, &h, out, err);
     }
-    free(q), free(sc), free(bi);
+    free(q), free(sc), free(bi), free(row);
     return rc;
 }
 

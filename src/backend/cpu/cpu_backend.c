@@ -361,7 +361,9 @@ static void cpu_swiglu(kn_backend *be, const float *gate_up, int rows, int dim, 
     for (int r = 0; r < rows; r++) {
         const float *g = gate_up + (int64_t)r * 2 * dim, *u = g + dim;
         float *o = out + (int64_t)r * dim;
-        for (int j = 0; j < dim; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        if (cpu(be)->k->silu_mul) cpu(be)->k->silu_mul(o, g, u, dim);
+        else
+            for (int j = 0; j < dim; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
     }
 }
 

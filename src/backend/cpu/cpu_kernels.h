@@ -60,6 +60,14 @@ typedef struct {
     void (*qpack_a)(const float *x, int M, int64_t K, int bits, int gs, int t0, int t1, void *prep);
     int (*qgemm)(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1,
                  void *scratch);
+    /* Optional (NULL: callers loop with libm). scale_max: s[j] *= scale,
+     * returns the largest s[j] (NaN ignored, as `if (s > m) m = s`);
+     * exp_shift_sum: s[j] = exp(s[j] - m), returns the f32 sum; silu_mul:
+     * o[j] = g[j] / (1 + exp(-g[j])) * u[j]. exp within 2 ulp of expf, NaN
+     * kept, -inf and underflow to 0. */
+    float (*scale_max)(float *s, int n, float scale);
+    float (*exp_shift_sum)(float *s, int n, float m);
+    void (*silu_mul)(float *o, const float *g, const float *u, int n);
     /* Optional (NULL: callers decode rows and use dot/axpy): attention over
      * n bf16 rows of D elements (D % 16 == 0), row j at rows + j * stride
      * bytes, for ng query heads (q_g = q + g * D, acc_g = acc + g * D).

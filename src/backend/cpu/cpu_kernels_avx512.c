@@ -27,6 +27,7 @@
  *   f32 buffer (scale * q + bias, as the reference), then a 32 x 12 f32 FMA
  *   register tile over all of K with x in f32 (exact products). */
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -607,6 +608,44 @@ static void axpy_rows_bf16_avx512(float *acc, int ng, int D, const uint8_t *rows
         }
 }
 
+/* ---- softmax and SiLU pieces ---------------------------------------------- */
+
+ALWAYS_INLINE __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
+
+static float scale_max_avx512(float *s, int n, float scale) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 k = tail_mask(n - j);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), sc);
+        _mm512_mask_storeu_ps(s + j, k, v);
+        m = _mm512_mask_max_ps(m, k, v, m); /* NaN lanes keep m */
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+static float exp_shift_sum_avx512(float *s, int n, float mx) {
+    __m512 sum = _mm512_setzero_ps();
+    const __m512 m = _mm512_set1_ps(mx);
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 k = tail_mask(n - j);
+        const __m512 e = kn_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), m));
+        _mm512_mask_storeu_ps(s + j, k, e);
+        sum = _mm512_mask_add_ps(sum, k, sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+static void silu_mul_avx512(float *o, const float *g, const float *u, int n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 k = tail_mask(n - j);
+        const __m512 gv = _mm512_maskz_loadu_ps(k, g + j);
+        const __m512 sig = _mm512_div_ps(gv, _mm512_add_ps(one, kn_exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        _mm512_mask_storeu_ps(o + j, k, _mm512_mul_ps(sig, _mm512_maskz_loadu_ps(k, u + j)));
+    }
+}
+
 /* ---- the kernel set ------------------------------------------------------ */
 
 static kn_cpu_kernels avx512_set;
@@ -626,6 +665,9 @@ static void avx512_init(void) {
     avx512_set.qgemm_prep_bytes = qgemm_f32_prep_bytes;
     avx512_set.qgemm_scratch_bytes = qgemm_f32_scratch_bytes;
     avx512_set.qpack_a = pack_a_f32_avx512;
+    avx512_set.scale_max = scale_max_avx512;
+    avx512_set.exp_shift_sum = exp_shift_sum_avx512;
+    avx512_set.silu_mul = silu_mul_avx512;
     avx512_set.dot_rows_bf16 = dot_rows_bf16_avx512;
     avx512_set.axpy_rows_bf16 = axpy_rows_bf16_avx512;
     avx512_set.qgemm = qgemm_avx512;

@@ -135,6 +135,10 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                 }
                 for (int g = 0; g < ng; g++) {
                     float *sg = sc + (int64_t)g * n, m = -INFINITY;
+                    if (k->scale_max && !(a->softcap > 0.0f)) {
+                        mx[g] = k->scale_max(sg, n, a->scale);
+                        continue;
+                    }
                     for (int j = 0; j < n; j++) {
                         float s = sg[j] * a->scale;
                         if (a->softcap > 0.0f) s = tanhf(s / a->softcap) * a->softcap;
@@ -145,7 +149,9 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                 }
                 for (int g = 0; g < ng; g++) {
                     float sum = 0.0f, *sg = sc + (int64_t)g * n;
-                    for (int j = 0; j < n; j++) sum += (sg[j] = expf(sg[j] - mx[g]));
+                    if (k->exp_shift_sum) sum = k->exp_shift_sum(sg, n, mx[g]);
+                    else
+                        for (int j = 0; j < n; j++) sum += (sg[j] = expf(sg[j] - mx[g]));
                     inv[g] = 1.0f / sum;
                     for (int j = 0; j < n; j++) sg[j] *= inv[g]; /* the softmax weights */
                 }

@@ -29,6 +29,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_avx512_inline.h"
@@ -211,6 +212,27 @@ static void pack_a_bf16_avx512(const float *x, int M, int64_t K, int t0, int t1,
     }
 }
 
+/* A finished register tile, acc[h][i] = rows 16h..16h+15 of output column
+ * i, written row by row (mrows rows, NR columns, + bias): each output row's
+ * columns are adjacent in memory, so a row costs one or two cache lines
+ * where a scatter per column touched 16 lines per instruction (measured: the
+ * scatters took a third of the bf16 GEMM's time at K = 1024). */
+ALWAYS_INLINE void store_tile_rows(const __m512 acc[2][12], int NR, int mrows, const float *bias, float *out,
+                                   int64_t ldo) {
+    float buf[12][32] __attribute__((aligned(64)));
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) {
+        if (i >= NR) break;
+        _mm512_store_ps(buf[i], acc[0][i]);
+        _mm512_store_ps(buf[i] + 16, acc[1][i]);
+    }
+    float b[12];
+    for (int i = 0; i < NR; i++) b[i] = bias ? bias[i] : 0.0f;
+    const int rows = mrows < 32 ? mrows : 32;
+    for (int m = 0; m < rows; m++)
+        for (int i = 0; i < NR; i++) out[(int64_t)m * ldo + i] = buf[i][m] + b[i];
+}
+
 /* out[m0 + 0..31, n .. n+NR) over all of K. */
 ALWAYS_INLINE void bf16_tile(const uint32_t *ap, int64_t KP, const uint32_t *w, int64_t ldw, int NR, int mrows,
                              const float *bias, float *out, int64_t ldo) {
@@ -227,17 +249,7 @@ ALWAYS_INLINE void bf16_tile(const uint32_t *ap, int64_t KP, const uint32_t *w, 
             acc[1][i] = _mm512_dpbf16_ps(acc[1][i], a1, b);
         }
     }
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)ldo));
-    const __mmask16 m0 = mrows >= 16 ? 0xffff : (__mmask16)((1u << mrows) - 1);
-    const __mmask16 m1 = mrows >= 32 ? 0xffff : mrows <= 16 ? 0 : (__mmask16)((1u << (mrows - 16)) - 1);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) {
-        if (i >= NR) break;
-        __m512 b = _mm512_set1_ps(bias ? bias[i] : 0.0f);
-        _mm512_mask_i32scatter_ps(out + i, m0, rows, _mm512_add_ps(acc[0][i], b), 4);
-        if (m1) _mm512_mask_i32scatter_ps(out + i + 16 * ldo, m1, rows, _mm512_add_ps(acc[1][i], b), 4);
-    }
+    store_tile_rows((const __m512(*)[12])acc, NR, mrows, bias, out, ldo);
 }
 
 static void gemm_bf16_avx512(const uint32_t *apk, int M, const kn_weight *wt, const float *bias, float *out,
@@ -245,9 +257,9 @@ static void gemm_bf16_avx512(const uint32_t *apk, int M, const kn_weight *wt, co
     const int64_t K = wt->cols, N = wt->rows, KP = K / 2;
     const uint32_t *w = wt->data; /* row n's pair kp is word n * KP + kp */
     const int tiles = (M + KN_GEMM_BF16_MR - 1) / KN_GEMM_BF16_MR;
-    for (int64_t n = n0; n < n1; n += 12) {
-        const int nr = (int)(n1 - n < 12 ? n1 - n : 12);
+    for (int64_t n = n0; n < n1; n += 12)
         for (int t = 0; t < tiles; t++) {
+            const int nr = (int)(n1 - n < 12 ? n1 - n : 12);
             const int m = t * KN_GEMM_BF16_MR, mrows = M - m;
             const uint32_t *ap = apk + (int64_t)t * KP * KN_GEMM_BF16_MR;
             float *o = out + (int64_t)m * N + n;
@@ -260,7 +272,6 @@ static void gemm_bf16_avx512(const uint32_t *apk, int M, const kn_weight *wt, co
 #undef NR_CASE
             }
         }
-    }
 }
 
 /* ---- quantized gemv ------------------------------------------------------ */
@@ -512,17 +523,7 @@ ALWAYS_INLINE void f32_tile(const float *ap, int64_t K, const float *wb, int NR,
             acc[1][i] = _mm512_fmadd_ps(a1, b, acc[1][i]);
         }
     }
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)ldo));
-    const __mmask16 m0 = mrows >= 16 ? 0xffff : (__mmask16)((1u << mrows) - 1);
-    const __mmask16 m1 = mrows >= 32 ? 0xffff : mrows <= 16 ? 0 : (__mmask16)((1u << (mrows - 16)) - 1);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++) {
-        if (i >= NR) break;
-        __m512 b = _mm512_set1_ps(bias ? bias[i] : 0.0f);
-        _mm512_mask_i32scatter_ps(out + i, m0, rows, _mm512_add_ps(acc[0][i], b), 4);
-        if (m1) _mm512_mask_i32scatter_ps(out + i + 16 * ldo, m1, rows, _mm512_add_ps(acc[1][i], b), 4);
-    }
+    store_tile_rows((const __m512(*)[12])acc, NR, mrows, bias, out, ldo);
 }
 
 /* Output columns [n0, n1): 12 weight rows at a time are dequantized into

@@ -232,17 +232,12 @@ static void vnni_tile(const uint8_t *xt, const qv_layout *L, int gs, const int32
             }
         }
     }
-    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)ldo));
-    const __mmask16 m0 = mrows >= 16 ? 0xffff : (__mmask16)((1u << mrows) - 1);
-    const __mmask16 m1 = mrows >= 32 ? 0xffff : mrows <= 16 ? 0 : (__mmask16)((1u << (mrows - 16)) - 1);
-    for (int n = 0; n < nr; n++) {
-        const __m512 b = _mm512_set1_ps(bias ? bias[n] : 0.0f);
-        _mm512_mask_i32scatter_ps(out + n, m0, rows, _mm512_add_ps(_mm512_loadu_ps(facc + n * 16), b), 4);
-        if (m1)
-            _mm512_mask_i32scatter_ps(out + n + 16 * ldo, m1, rows,
-                                      _mm512_add_ps(_mm512_loadu_ps(facc + (QV_NR + n) * 16), b), 4);
-    }
+    /* row by row: an output row's columns are adjacent (a scatter per column
+     * touched 16 cache lines per instruction) */
+    const int rows = mrows < QV_ROWS ? mrows : QV_ROWS;
+    for (int m = 0; m < rows; m++)
+        for (int n = 0; n < nr; n++)
+            out[(int64_t)m * ldo + n] = facc[((m / 16) * QV_NR + n) * 16 + m % 16] + (bias ? bias[n] : 0.0f);
 }
 
 size_t kn_qgemm_vnni_scratch_bytes(int64_t K, int gs) {

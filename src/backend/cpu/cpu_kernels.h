@@ -50,11 +50,12 @@ typedef struct {
     void (*qgemv_prep)(const float *x, int M, int64_t K, int bits, int gs, void *prep);
     int (*qgemv)(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1);
     /* Optional: MLX affine matmul for large M. qpack_a writes x in the
-     * kernel's own form, 32-row tiles [t0, t1), into prep of
+     * kernel's own form, tiles [t0, t1) of qgemm_tile_rows rows, into prep of
      * qgemm_prep_bytes(M, K, bits, gs) bytes (64-byte aligned); qgemm
      * computes output columns [n0, n1) from it with qgemm_scratch_bytes(K,
      * gs) bytes of per-thread scratch; returns 0 for weights it does not
      * handle (callers fall back). */
+    int qgemm_tile_rows; /* rows of x per tile of qpack_a's */
     size_t (*qgemm_prep_bytes)(int M, int64_t K, int bits, int gs);
     size_t (*qgemm_scratch_bytes)(int64_t K, int gs);
     void (*qpack_a)(const float *x, int M, int64_t K, int bits, int gs, int t0, int t1, void *prep);
@@ -107,6 +108,7 @@ extern const kn_cpu_kernels kn_cpu_kernels_avx2;
 /* the AVX2 set with AVX-512 (F/BW/VL/BF16) kernels in place of some */
 const kn_cpu_kernels *kn_cpu_kernels_avx512(void);
 /* cpu_qgemm_vnni.c: the AVX-512 VNNI prefill matmul over 4/8-bit codes */
+extern const int kn_qgemm_vnni_tile_rows;
 size_t kn_qgemm_vnni_prep_bytes(int M, int64_t K, int bits, int gs);
 size_t kn_qgemm_vnni_scratch_bytes(int64_t K, int gs);
 void kn_qpack_vnni(const float *x, int M, int64_t K, int bits, int gs, int t0, int t1, void *prep);

@@ -663,6 +663,7 @@ static void avx512_init(void) {
         avx512_set.qgemv_prep = qgemv_prep_avx512;
         avx512_set.qgemv = qgemv_avx512;
     }
+    avx512_set.qgemm_tile_rows = 32;
     avx512_set.qgemm_prep_bytes = qgemm_f32_prep_bytes;
     avx512_set.qgemm_scratch_bytes = qgemm_f32_scratch_bytes;
     avx512_set.qpack_a = pack_a_f32_avx512;
@@ -673,6 +674,7 @@ static void avx512_init(void) {
     avx512_set.axpy_rows_bf16 = axpy_rows_bf16_avx512;
     avx512_set.qgemm = qgemm_avx512;
     if (__builtin_cpu_supports("avx512vnni")) { /* the integer prefill GEMM over the codes */
+        avx512_set.qgemm_tile_rows = kn_qgemm_vnni_tile_rows;
         avx512_set.qgemm_prep_bytes = kn_qgemm_vnni_prep_bytes;
         avx512_set.qgemm_scratch_bytes = kn_qgemm_vnni_scratch_bytes;
         avx512_set.qpack_a = kn_qpack_vnni;

@@ -143,7 +143,7 @@ static int qgemm_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, siz
                       int M, const kn_weight *w, const float *bias, float *out) {
     const int64_t K = w->cols, N = w->rows;
     if (!k->qgemm || (w->bits != 4 && w->bits != 8) || K % 32 != 0) return 0;
-    const int tiles = (M + 31) / 32, nt = be->n_threads, gs = w->group_size;
+    const int tiles = (M + k->qgemm_tile_rows - 1) / k->qgemm_tile_rows, nt = be->n_threads, gs = w->group_size;
     const size_t need = (k->qgemm_prep_bytes(M, K, w->bits, gs) + sizeof(float) - 1) / sizeof(float);
     if (need > *prep_floats) {
         void *p = NULL;

@@ -79,6 +79,15 @@ static inline void decode_row(int f, const uint8_t *src, int D, const kn_kv_aux 
     else kn_kv_decode_rot(f, src, D, aux, row);
 }
 
+/* Query tokens attend in blocks: up to ATTN_BLOCK consecutive positions of
+ * one sequence (a prefill run) share each K/V row read, as B * G query
+ * vectors of one KV head. Causality per vector: the later keys of a block
+ * are scored for the earlier tokens (those scores are never read), each
+ * vector's softmax runs over its own keys, and a value row goes only to the
+ * vectors of tokens at or after it. Windowed layers (each token's first key
+ * differs) run token by token. */
+#define ATTN_BLOCK 16
+
 void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_attention_args *a, float *scratch,
                          int64_t scratch_len) {
     const kn_kv_layer *kv = a->kv;
@@ -86,45 +95,64 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
     const int kf = kv->k_fmt, vf = kv->v_fmt, krot = kn_kv_fmt_rotated(kf), vrot = kn_kv_fmt_rotated(vf);
     const int64_t kb = kn_kv_row_bytes(kf, D), vb = kn_kv_row_bytes(vf, D);
     const int64_t sb = kn_kv_row_bytes(kv->s_fmt, D), n_main = kv->n_blocks;
-    const int tasks = a->n_tokens * nkv;
+    /* blocks of tokens: [start[i], start[i + 1]) */
+    int *start = malloc(((size_t)a->n_tokens + 1) * sizeof(int));
+    if (!start) return; /* out of memory: the rows stay unwritten (callers size hosts generously) */
+    int n_blocks = 0;
+    for (int t = 0; t < a->n_tokens;) {
+        int e = t + 1;
+        while (a->window <= 0 && e < a->n_tokens && e - t < ATTN_BLOCK && a->seq[e] == a->seq[t] &&
+               a->pos[e] == a->pos[e - 1] + 1)
+            e++;
+        start[n_blocks++] = t;
+        t = e;
+    }
+    start[n_blocks] = a->n_tokens;
+    const int tasks = n_blocks * nkv, VG = ATTN_BLOCK * G; /* query vectors per task, at most */
 #pragma omp parallel num_threads(be->n_threads)
     {
         float *sc = scratch + (size_t)omp_get_thread_num() * (size_t)scratch_len;
-        /* qr [G][D], acc [G][D], row [D], mx [G], inv [G], then for staging
-         * rows next to rotated formats: qp [G][D] (plain query), ap [G][D]
+        /* qr [VG][D], acc [VG][D], row [D], mx [VG], inv [VG], then for staging
+         * rows next to rotated formats: qp [VG][D] (plain query), ap [VG][D]
          * (plain accumulator) */
-        float *buf = malloc(((size_t)4 * G * D + D + 2 * (size_t)G) * sizeof(float));
-        float *qr = buf, *acc = qr + (size_t)G * D, *row = acc + (size_t)G * D, *mx = row + D, *inv = mx + G;
-        float *qp = inv + G, *ap = qp + (size_t)G * D;
+        float *buf = malloc(((size_t)4 * VG * D + D + 2 * (size_t)VG) * sizeof(float));
+        float *qr = buf, *acc = qr + (size_t)VG * D, *row = acc + (size_t)VG * D, *mx = row + D, *inv = mx + VG;
+        float *qp = inv + VG, *ap = qp + (size_t)VG * D;
         const kn_kv_aux none = {NULL, NULL, 1.0f};
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < tasks; task++) {
             if (!buf) continue; /* out of memory: the rows stay unwritten (callers size hosts generously) */
-            const int t = task / nkv, kvh = task % nkv;
-            const int32_t *bt = a->block_tables + (int64_t)a->seq[t] * a->max_blocks;
-            const int p = a->pos[t], lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0, n = p - lo + 1;
+            const int t0 = start[task / nkv], nt = start[task / nkv + 1] - t0, kvh = task % nkv;
+            const int32_t *bt = a->block_tables + (int64_t)a->seq[t0] * a->max_blocks;
+            const int p0 = a->pos[t0], p = a->pos[t0 + nt - 1]; /* the block's first and last positions */
+            const int lo = a->window > 0 && p0 - a->window + 1 > 0 ? p0 - a->window + 1 : 0, n = p - lo + 1;
             const kn_kv_aux ak = {kv->k_tab, kv->signs, kv->k_scale ? kv->k_scale[kvh] : 1.0f};
             const kn_kv_aux av = {kv->v_tab, kv->signs, kv->v_scale ? kv->v_scale[kvh] : 1.0f};
+            const int nv = nt * G; /* vector v: token t0 + v / G, head kvh * G + v % G */
             int gc = (int)(scratch_len / n);
-            gc = gc < 1 ? 1 : gc > G ? G : gc;
-            for (int g0 = 0; g0 < G; g0 += gc) {
-                const int ng = G - g0 < gc ? G - g0 : gc;
+            gc = gc < 1 ? 1 : gc > nv ? nv : gc;
+            for (int g0 = 0; g0 < nv; g0 += gc) {
+                const int ng = nv - g0 < gc ? nv - g0 : gc;
                 for (int g = 0; g < ng; g++) {
-                    const float *q = a->q + t * a->q_stride + (int64_t)(kvh * G + g0 + g) * D;
+                    const int v = g0 + g, t = t0 + v / G;
+                    const float *q = a->q + t * a->q_stride + (int64_t)(kvh * G + v % G) * D;
                     if (krot) kn_kv_rotate(q, D, kv->signs, qr + (size_t)g * D);
                     else memcpy(qr + (size_t)g * D, q, (size_t)D * sizeof(float));
                     if (krot && kv->sk) memcpy(qp + (size_t)g * D, q, (size_t)D * sizeof(float));
                 }
+                /* the last key each vector sees: its token's position */
+                const int last_v = a->pos[t0 + (g0 + ng - 1) / G];
                 /* raw scores q . k: bf16 rows (stored or staged) one cache block at a time through the
                  * kernel set's run kernel where it has one, other rows one by one */
-                for (int j = lo; j <= p;) {
+                for (int j = lo; j <= last_v;) {
                     const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
                     const int staged = blk >= n_main, rf = staged ? kv->s_fmt : kf;
                     const uint8_t *rp = staged ? (const uint8_t *)kv->sk + ((slot - n_main * bs) * nkv + kvh) * sb
                                                : (const uint8_t *)kv->k + (slot * nkv + kvh) * kb;
                     const float *qb = staged && krot ? qp : qr;
                     if (rf == KN_KVF_BF16 && k->dot_rows_bf16 && D % 16 == 0) {
-                        const int run = (j / bs + 1) * bs - j < p + 1 - j ? (j / bs + 1) * bs - j : p + 1 - j;
+                        const int run =
+                            (j / bs + 1) * bs - j < last_v + 1 - j ? (j / bs + 1) * bs - j : last_v + 1 - j;
                         k->dot_rows_bf16(qb, ng, D, rp, nkv * (staged ? sb : kb), run, sc + (j - lo), n);
                         j += run;
                         continue;
@@ -134,12 +162,13 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                     j++;
                 }
                 for (int g = 0; g < ng; g++) {
+                    const int nvk = a->pos[t0 + (g0 + g) / G] - lo + 1; /* this vector's keys */
                     float *sg = sc + (int64_t)g * n, m = -INFINITY;
                     if (k->scale_max && !(a->softcap > 0.0f)) {
-                        mx[g] = k->scale_max(sg, n, a->scale);
+                        mx[g] = k->scale_max(sg, nvk, a->scale);
                         continue;
                     }
-                    for (int j = 0; j < n; j++) {
+                    for (int j = 0; j < nvk; j++) {
                         float s = sg[j] * a->scale;
                         if (a->softcap > 0.0f) s = tanhf(s / a->softcap) * a->softcap;
                         sg[j] = s;
@@ -148,42 +177,51 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                     mx[g] = m;
                 }
                 for (int g = 0; g < ng; g++) {
+                    const int nvk = a->pos[t0 + (g0 + g) / G] - lo + 1;
                     float sum = 0.0f, *sg = sc + (int64_t)g * n;
-                    if (k->exp_shift_sum) sum = k->exp_shift_sum(sg, n, mx[g]);
+                    if (k->exp_shift_sum) sum = k->exp_shift_sum(sg, nvk, mx[g]);
                     else
-                        for (int j = 0; j < n; j++) sum += (sg[j] = expf(sg[j] - mx[g]));
+                        for (int j = 0; j < nvk; j++) sum += (sg[j] = expf(sg[j] - mx[g]));
                     inv[g] = 1.0f / sum;
-                    for (int j = 0; j < n; j++) sg[j] *= inv[g]; /* the softmax weights */
+                    for (int j = 0; j < nvk; j++) sg[j] *= inv[g]; /* the softmax weights */
                 }
                 memset(acc, 0, (size_t)ng * D * sizeof(float));
                 int any_plain = 0;
-                for (int j = lo; j <= p;) {
+                /* value rows up to the first vector's position go to every vector; a later row only to the
+                 * vectors of tokens at or after it (no 0 * v terms: a row past a token is never read for it) */
+                const int pf = a->pos[t0 + g0 / G];
+                for (int j = lo; j <= last_v;) {
                     const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
                     const int staged = blk >= n_main, rf = staged ? kv->s_fmt : vf;
                     const uint8_t *rp = staged ? (const uint8_t *)kv->sv + ((slot - n_main * bs) * nkv + kvh) * sb
                                                : (const uint8_t *)kv->v + (slot * nkv + kvh) * vb;
+                    const int vf0 = j <= pf ? 0 : (j - p0) * G - g0; /* the first vector that sees row j */
+                    const int end = j <= pf ? pf : j;                /* rows [j, end] share that vector set */
                     /* staged rows are plain: next to rotated values they get their own accumulator */
-                    float *base = staged && vrot ? ap : acc;
+                    float *base = (staged && vrot ? ap : acc) + (size_t)vf0 * D;
+                    const float *w = sc + (int64_t)vf0 * n + (j - lo);
                     if (staged && vrot && !any_plain) memset(ap, 0, (size_t)ng * D * sizeof(float)), any_plain = 1;
                     if (rf == KN_KVF_BF16 && k->axpy_rows_bf16 && D % 16 == 0) {
-                        const int run = (j / bs + 1) * bs - j < p + 1 - j ? (j / bs + 1) * bs - j : p + 1 - j;
-                        k->axpy_rows_bf16(base, ng, D, rp, nkv * (staged ? sb : vb), run, sc + (j - lo), n);
+                        const int run = (j / bs + 1) * bs - j < end + 1 - j ? (j / bs + 1) * bs - j : end + 1 - j;
+                        k->axpy_rows_bf16(base, ng - vf0, D, rp, nkv * (staged ? sb : vb), run, w, n);
                         j += run;
                         continue;
                     }
                     decode_row(rf, rp, D, staged ? &none : &av, staged, row);
-                    for (int g = 0; g < ng; g++) k->axpy(base + (size_t)g * D, sc[(int64_t)g * n + (j - lo)], row, D);
+                    for (int g = 0; g < ng - vf0; g++) k->axpy(base + (size_t)g * D, w[(int64_t)g * n], row, D);
                     j++;
                 }
                 for (int g = 0; g < ng; g++) {
+                    const int v = g0 + g, t = t0 + v / G;
                     float *ag = acc + (size_t)g * D;
                     if (vrot) kn_kv_unrotate(ag, D, kv->signs); /* the one inverse transform of this output row */
                     if (any_plain)
                         for (int d = 0; d < D; d++) ag[d] += ap[(size_t)g * D + d];
-                    memcpy(a->out + ((int64_t)t * a->n_heads + kvh * G + g0 + g) * D, ag, (size_t)D * sizeof(float));
+                    memcpy(a->out + ((int64_t)t * a->n_heads + kvh * G + v % G) * D, ag, (size_t)D * sizeof(float));
                 }
             }
         }
         free(buf);
     }
+    free(start);
 }

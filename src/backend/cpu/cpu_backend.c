@@ -151,54 +151,47 @@ static void gemv_chunks(cpu_backend *c, const float *x, const uint16_t *xb, int 
     }
 }
 
+/* c->xround with room for n floats (grown on demand), NULL without memory */
+static void *grow_xround(cpu_backend *c, size_t n) {
+    if (n > c->xround_floats) {
+        float *p = cpu_alloc(&c->base, n * sizeof(float));
+        if (!p) return NULL;
+        free(c->xround);
+        c->xround = p, c->xround_floats = n;
+    }
+    return c->xround;
+}
+
 static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     cpu_backend *c = cpu(be);
     if (w->bits) {
         kn_cpu_qmatmul(be, c->k, c->gemm_scratch, &c->qprep, &c->qprep_floats, x, M, w, bias, out);
         return;
     }
-    if (M <= 16) {
-        /* x rounded to the weight's 16-bit dtype from one row on when the
-         * bf16 dot-product kernels are present (matmul_x_rounding_min_rows) */
-        const int round_x = c->base.matmul_x_rounding_min_rows == 1 && w->dtype != KN_DT_F32;
-        const size_t need = round_x ? (size_t)M * (size_t)w->cols : 0;
-        if (need > c->xround_floats) {
-            float *p = cpu_alloc(be, need * sizeof(float));
-            if (!p) { /* without room to round x, the matmul is still correct (and more exact) unrounded */
-                gemv_chunks(c, x, NULL, M, w, bias, out);
-                return;
-            }
-            free(c->xround);
-            c->xround = p, c->xround_floats = need;
-        }
-        if (round_x && w->dtype == KN_DT_BF16) {
-            uint16_t *xb = (uint16_t *)c->xround;
-            for (size_t i = 0; i < need; i++) xb[i] = kn_f32_to_bf16(x[i]);
+    /* the backend's promise (matmul_x_rounding_min_rows): from that many
+     * rows on, x meets 16-bit weights rounded to their dtype */
+    const int round_x = c->base.matmul_x_rounding_min_rows && w->dtype != KN_DT_F32 &&
+                        M >= c->base.matmul_x_rounding_min_rows;
+    if (M <= 16 && round_x && w->dtype == KN_DT_BF16 && c->k->gemv_bf16) {
+        uint16_t *xb = grow_xround(c, (size_t)M * (size_t)w->cols);
+        if (xb) {
+            for (size_t i = 0; i < (size_t)M * (size_t)w->cols; i++) xb[i] = kn_f32_to_bf16(x[i]);
             gemv_chunks(c, NULL, xb, M, w, bias, out);
-        } else if (round_x) {
-            for (size_t i = 0; i < need; i++) c->xround[i] = kn_f16_to_f32(kn_f32_to_f16(x[i]));
-            gemv_chunks(c, c->xround, NULL, M, w, bias, out);
-        } else {
-            gemv_chunks(c, x, NULL, M, w, bias, out);
+            return;
         }
-        return;
     }
-    if (c->k->gemm_bf16 && w->dtype == KN_DT_BF16 && w->cols % 2 == 0 && cpu_matmul_bf16(c, x, M, w, bias, out))
+    if (M > 16 && c->k->gemm_bf16 && w->dtype == KN_DT_BF16 && w->cols % 2 == 0 && cpu_matmul_bf16(c, x, M, w, bias, out))
         return;
-    /* with a bf16 GEMM present the backend promises x rounded to the weight
-     * dtype from GEMV_MAX_M + 1 rows on (matmul_x_rounding_min_rows): f16
-     * weights follow the same contract */
-    float *xr = NULL;
-    if (c->base.matmul_x_rounding_min_rows && w->dtype != KN_DT_F32 && M >= c->base.matmul_x_rounding_min_rows) {
-        xr = malloc((size_t)M * (size_t)w->cols * sizeof(float));
+    if (round_x) { /* rounded in place of the bf16 kernels (f16 weights; no memory for them) */
+        float *xr = grow_xround(c, (size_t)M * (size_t)w->cols);
         if (xr) {
-            for (int64_t i = 0; i < (int64_t)M * w->cols; i++)
+            for (size_t i = 0; i < (size_t)M * (size_t)w->cols; i++)
                 xr[i] = w->dtype == KN_DT_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16(x[i])) : kn_f16_to_f32(kn_f32_to_f16(x[i]));
             x = xr;
-        }
+        } /* else: without room to round x, the matmul is still correct (and more exact) unrounded */
     }
-    cpu_matmul_f32(c, x, M, w, bias, out);
-    free(xr);
+    if (M <= 16) gemv_chunks(c, x, NULL, M, w, bias, out);
+    else cpu_matmul_f32(c, x, M, w, bias, out);
 }
 
 /* x . W^T through the bf16 dot-product GEMM; 0 when no memory for packing

@@ -249,6 +249,78 @@ static void test_qmatmul(int bits, int gs, int M, int N, int K, int with_bias, k
     free(x), free(out), free(bias), free(wd);
 }
 
+/* fused_matmul over quantized weights (CUDA: the integer-dot GEMV with its
+ * norm prologue and SwiGLU epilogue). x may be carried to
+ * be->quant_x_rel_error of its group's max |x|: the bound adds that error
+ * times sum |w| over each group. Skipped where the backend declines. */
+static void test_fused_qmatmul(int bits, int gs, int M, int N, int K, int with_norm, int epi, int with_bias,
+                               kn_dtype sb) {
+    if (!be->vt->fused_matmul || !be->vt->weight_load_quant) return;
+    const int out_n = epi == KN_EPI_SWIGLU ? N / 2 : N;
+    const float eps = 1e-5f;
+    double *wd = malloc((size_t)N * K * sizeof(double));
+    kn_quant_host h;
+    quant_random(bits, gs, N, K, sb, wd, &h);
+    float *x = malloc((size_t)M * K * 4), *g = malloc((size_t)K * 4), *bias = malloc((size_t)N * 4);
+    float *out = malloc((size_t)M * out_n * 4);
+    fill(x, (int64_t)M * K, 2.0f);
+    fill(g, K, 1.0f);
+    fill(bias, N, 0.5f);
+    kn_weight w;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load_quant(be, &h, &w, &err) == KN_OK, "weight_load_quant: %s", err.msg);
+    quant_host_free(&h);
+    poison(out, (int64_t)M * out_n);
+    float *dx = dev(x, (size_t)M * K * 4), *dg = dev(g, (size_t)K * 4), *db = dev(bias, (size_t)N * 4);
+    float *dout = dev(out, (size_t)M * out_n * 4);
+    int done = be->vt->fused_matmul(be, dx, M, with_norm ? dg : NULL, eps, &w, with_bias ? db : NULL, dout, epi);
+    back(out, dout, (size_t)M * out_n * 4);
+    kn_be_free(be, dx), kn_be_free(be, dg), kn_be_free(be, db);
+    if (done) {
+        double *y = malloc((size_t)N * sizeof(double)), *mag = malloc((size_t)N * sizeof(double));
+        float *xv = malloc((size_t)K * 4), *gmax = malloc((size_t)K * 4);
+        int bad = 0;
+        for (int m = 0; m < M && bad < 3; m++) {
+            double ss = 0, inv = 1.0;
+            for (int k = 0; k < K; k++) ss += (double)x[m * K + k] * x[m * K + k];
+            if (with_norm) inv = 1.0 / sqrt(ss / K + eps);
+            for (int k = 0; k < K; k++) xv[k] = with_norm ? g[k] * (float)(x[m * K + k] * (float)inv) : x[m * K + k];
+            for (int k0 = 0; k0 < K; k0 += gs) {
+                float mx = 0.0f;
+                for (int k = k0; k < k0 + gs; k++) mx = fmaxf(mx, fabsf(xv[k]));
+                for (int k = k0; k < k0 + gs; k++) gmax[k] = mx;
+            }
+            for (int n = 0; n < N; n++) {
+                y[n] = with_bias ? bias[n] : 0.0, mag[n] = fabs(y[n]);
+                double xerr = 0;
+                for (int k = 0; k < K; k++) {
+                    y[n] += (double)xv[k] * wd[(int64_t)n * K + k];
+                    mag[n] += fabs((double)xv[k] * wd[(int64_t)n * K + k]);
+                    xerr += fabs(wd[(int64_t)n * K + k]) * gmax[k];
+                }
+                mag[n] += xerr * be->quant_x_rel_error / (4e-6 * sqrt(K + 1.0)); /* in the units close_to scales */
+            }
+            for (int n = 0; n < out_n && bad < 3; n++) {
+                double ref = y[n], tol_mag = mag[n];
+                if (epi == KN_EPI_SWIGLU) {
+                    const double gt = y[n], up = y[n + out_n];
+                    ref = gt / (1.0 + exp(-gt)) * up;
+                    tol_mag = (mag[n] + fabs(gt)) * (fabs(up) + mag[n + out_n]);
+                }
+                if (!close_to(out[(int64_t)m * out_n + n], ref, tol_mag, 4e-6 * sqrt(K + 1.0))) {
+                    bad++;
+                    CHECK(0, "fused q%d g%d %s M=%d N=%d K=%d norm=%d epi=%d bias=%d at [%d,%d]: got %g want %g", bits,
+                          gs, kn_dtype_name(sb), M, N, K, with_norm, epi, with_bias, m, n,
+                          out[(int64_t)m * out_n + n], ref);
+                }
+            }
+        }
+        free(y), free(mag), free(xv), free(gmax);
+    }
+    kn_be_weight_free(be, &w);
+    free(x), free(g), free(bias), free(out), free(wd);
+}
+
 static void test_qembed(int bits, int gs, int V, int D) {
     double *wd = malloc((size_t)V * D * sizeof(double));
     kn_quant_host h;
@@ -294,6 +366,16 @@ static void test_quant_ops(void) {
                     test_qmatmul(bits[b], gss[g], Ms[m], Ns[n], K, (int)((m + n + b) % 2), sb);
                 }
     test_qmatmul(4, 64, 130, 75, 640, 1, KN_DT_BF16); /* several KC blocks, M tiles, odd N */
+    test_qmatmul(4, 64, 1, 300, 14336, 0, KN_DT_BF16); /* decode GEMV: several pieces per lane and row */
+    test_qmatmul(8, 128, 2, 33, 4096, 1, KN_DT_F16);
+    for (int m = 1; m <= 2; m++) /* decode fusions over codes: norm prologue, SwiGLU epilogue */
+        for (int b = 0; b < 2; b++) {
+            const int bt = b ? 8 : 4;
+            test_fused_qmatmul(bt, 64, m, 74, 1024, 1, KN_EPI_NONE, 1, KN_DT_BF16);
+            test_fused_qmatmul(bt, 32, m, 90, 4096, 1, KN_EPI_SWIGLU, 0, KN_DT_F16);
+            test_fused_qmatmul(bt, 128, m, 42, 768, 0, KN_EPI_SWIGLU, 1, KN_DT_F32);
+            test_fused_qmatmul(bt, 64, m, 17, 6144, 1, KN_EPI_NONE, 0, KN_DT_BF16);
+        }
     for (int b = 0; b < 3; b++)
         for (int g = 0; g < 3; g++) test_qembed(bits[b], gss[g], 37, gss[g] * 3);
     /* bad descriptions are refused, not run */
@@ -1025,6 +1107,9 @@ int main(void) {
         test_moe_ffn(dts[d], 13, 6, 3, 40, 24, KN_ACT_SILU); /* several tokens per expert */
     }
     test_moe_ffn(KN_DT_F32, 9, 4, 2, 32, 16, KN_ACT_GELU_TANH);
+    /* decode at real widths (CUDA: the fused gate/up and down+combine kernels, several pieces per lane) */
+    test_moe_ffn(KN_DT_BF16, 1, 16, 8, 2048, 768, KN_ACT_SILU);
+    test_moe_ffn(KN_DT_F16, 1, 12, 5, 520, 264, KN_ACT_GELU_TANH);
     /* whisper: conv1 (k 3, s 1, p 1) over a [c, t] mel, conv2 (s 2) over rows */
     test_im2col(30, 8, 3, 1, 1, 1);
     test_im2col(31, 5, 3, 2, 1, 0);

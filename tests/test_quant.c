@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "base/quant.h"
 #include "engine/sampler.h"
 #include "io/npy.h"
@@ -332,6 +333,17 @@ static void check_fixture(const char *name, int bits, int gs, const char *mixed,
 }
 
 int main(void) {
+    const char *be_name = getenv("KILN_TEST_BACKEND");
+    if (be_name) { /* a backend that cannot start here (no GPU) is a skip, said out loud */
+        kn_backend *be;
+        kn_error err = {0};
+        if (kn_backend_create(be_name, 1, &be, &err) != KN_OK) {
+            printf("test_quant: SKIP backend %s: %s\n", be_name, err.msg);
+            return 77;
+        }
+        kn_backend_destroy(be);
+        printf("test_quant: backend %s\n", be_name);
+    }
     test_layout();
     test_round_trip();
     kn_error err = {0};

@@ -462,6 +462,7 @@ static void cu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight
 }
 static int cu_fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                            const float *bias, float *out, int epilogue) {
+    if (w->bits) return kn_cuda_qgemv(be, x, M, w, bias, out, 0, norm_w, eps, epilogue); /* 0: separate ops */
     if (M > KN_CUDA_GEMV_MAX_M) return kn_cuda_gemm_fused(be, x, M, norm_w, eps, w, bias, out, epilogue);
     return kn_cuda_gemv(be, x, M, w, bias, out, 0, norm_w, eps, epilogue);
 }
@@ -560,6 +561,7 @@ extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_er
     c->base.n_threads = n_threads;
     c->base.max_positions = 0; /* flash attention: any context length */
     c->base.matmul_x_rounding_min_rows = KN_CUDA_GEMV_MAX_M + 1;
+    c->base.quant_x_rel_error = 1.0 / 32512; /* kn_cuda_qgemv: x as two int8 terms per group */
     c->base.prefill_chunk = 2048; /* M = 2048 GEMMs: two full waves of 128x256 tiles at N = 4096 */
     cudaGetDevice(&c->device);
     cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device);

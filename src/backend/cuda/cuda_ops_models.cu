@@ -3,8 +3,9 @@
  * add, MoE routing and the routed experts. Same math and summation order as
  * cpu_ops_models.c (experts summed in ascending id per token).
  *
- * MoE experts: decode (one token) runs one warp per output row of each
- * selected expert, 16-byte weight loads, so only the k active experts are
+ * MoE experts: decode (one token) runs cuda_moe_decode.cu's two fused
+ * kernels where they apply, else one warp per output row of each selected
+ * expert, 16-byte weight loads; either way only the k active experts are
  * read. Prefill sorts the (token, slot) pairs by expert on the device
  * (counting sort, one block) and runs one block per (expert, 8 rows), each
  * weight row read once per group of up to 8 of that expert's tokens staged in
@@ -312,7 +313,7 @@ extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64
 extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a) {
     const int n = a->n_tokens, k = a->k, D = a->dim, I = a->inter;
     const int64_t pairs = (int64_t)n * k;
-    if (pairs <= 0) return;
+    if (pairs <= 0 || kn_cuda_moe_decode(be, a)) return;
     float *G = a->scratch, *A = G + pairs * 2 * I, *Y = A + pairs * I;
     /* prefill: tokens grouped by expert (the int arrays live in the scratch
      * tail: P * (dim + 2) floats remain after G, A, Y) */

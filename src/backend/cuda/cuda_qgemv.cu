@@ -1,0 +1,336 @@
+/* cuda_qgemv.cu — decode-shaped matmuls (1–2 rows of x) over MLX affine
+ * 4/8-bit weights, with integer dot products (dp4a) instead of a float
+ * conversion per code, so that the kernel streams codes at the memory rate.
+ *
+ * x is carried as two int8 terms per group of the weight (the scheme of the
+ * CPU's VNNI kernels, cpu_qgemm_vnni.c): with mx = max |x| over the group,
+ * t = x * 127 / mx, h = rint(t), l = clamp(rint((t - h) * 256), +-127), so
+ * x ~= d * (256 h + l), d = mx / (127 * 256); an element's error is at most
+ * 1/32512 of mx (kn_backend.quant_x_rel_error). For a group of codes q of one
+ * weight row with scale s and bias b:
+ *   sum x * (s q + b) ~= s * d * sum q (256 h + l) + b * sum x
+ * where the integer sum is exact and sum x is the float sum of x itself.
+ *
+ * Every block quantizes x into shared memory (the RMSNorm prologue, when
+ * fused, is applied first), then each of its 8 warps computes 2 weight rows:
+ * lane j streams 16-byte pieces j, j + 32, ... of both rows (32 4-bit or 16
+ * 8-bit codes, always inside one group), 4 pieces per row in flight. For
+ * 4-bit codes the x bytes are stored in the order the nibble split produces
+ * (per 8 elements: 0 2 4 6 | 1 3 5 7), so one `and` and one shift per word
+ * feed two dp4a. Partial sums meet in a warp reduction; the SwiGLU epilogue
+ * pairs gate row n with up row n + N in one warp.
+ *
+ * Launched as a programmatic dependent launch: the first weight loads go out
+ * before the wait on the previous kernel (weights are immutable). */
+#include <stdint.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+#define QG_WARPS 8
+#define QG_U 4                  /* pieces per row in flight per lane */
+#define QG_RW 2                 /* weight rows per warp */
+#define QG_MAX_SMEM (160 << 10)
+
+/* c + sum of the 4 byte products a (unsigned codes) . b (signed x terms) */
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* scale / bias element i stored as F32, BF16 or F16, kept as raw bits so
+ * the load can be issued long before its value is used */
+__device__ __forceinline__ uint32_t sb_raw(const void *p, int dt, int64_t i) {
+    return dt == KN_DT_F32 ? __ldg((const uint32_t *)p + i) : (uint32_t)__ldg((const unsigned short *)p + i);
+}
+__device__ __forceinline__ float sb_val(uint32_t raw, int dt) {
+    if (dt == KN_DT_F32) return __uint_as_float(raw);
+    if (dt == KN_DT_BF16) return __uint_as_float(raw << 16);
+    return __half2float(__ushort_as_half((unsigned short)raw));
+}
+
+/* Shared memory of one block, for M rows of x of K elements:
+ *   xh, xl  int8 [M][K]     the two terms, in code order
+ *   xd      float [M][K/gs] d of each group
+ *   xs      float [M][K/16] sum of x over each 16 elements */
+struct qg_smem {
+    int8_t *xh, *xl;
+    float *xd, *xs;
+};
+__device__ __forceinline__ qg_smem qg_layout(void *base, int M, int64_t K, int gs) {
+    qg_smem s;
+    s.xh = (int8_t *)base;
+    s.xl = s.xh + (int64_t)M * K;
+    s.xd = (float *)(s.xl + (int64_t)M * K);
+    s.xs = s.xd + (int64_t)M * (K / gs);
+    return s;
+}
+static size_t qg_smem_bytes(int M, int64_t K, int gs) {
+    return (size_t)M * (size_t)K * 2 + (size_t)M * (size_t)(K / gs) * 4 + (size_t)M * (size_t)(K / 16) * 4;
+}
+
+/* position of element e (0..15) of a 16-element chunk in code order */
+template <int BITS>
+__device__ __forceinline__ int code_pos(int e) {
+    if (BITS == 8) return e;
+    const int i = e & 7;
+    return (e & 8) + (i & 1) * 4 + (i >> 1);
+}
+
+/* The block quantizes x (M rows; with norm_w: rms_norm(x) * norm_w first)
+ * into s. Thread t takes 16-element chunks t, t + 256, ...; the gs / 16
+ * chunks of a group sit in adjacent lanes of one warp and share their max by
+ * shuffles. Every thread runs the same number of iterations (the shuffles
+ * need the whole warp). */
+template <int BITS, int M, int NORM>
+__device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, const float *__restrict__ norm_w,
+                              float eps, qg_smem s) {
+    __shared__ float red[QG_WARPS];
+    __shared__ float inv_rms[M];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (NORM) {
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + (int64_t)m * K;
+            float ss = 0.0f;
+            for (int64_t j = (int64_t)tid * 4; j < K; j += QG_WARPS * 32 * 4) {
+                const float4 v = __ldg((const float4 *)(xm + j));
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) red[warp] = ss;
+            __syncthreads();
+            if (tid == 0) {
+                float tot = 0.0f;
+                for (int i = 0; i < QG_WARPS; i++) tot += red[i];
+                inv_rms[m] = 1.0f / sqrtf(tot / (float)K + eps);
+            }
+            __syncthreads();
+        }
+    }
+    const int64_t chunks = K / 16, total = (int64_t)M * chunks;
+    const int span = gs / 16; /* lanes sharing a group */
+    for (int64_t c0 = 0; c0 < total; c0 += QG_WARPS * 32) {
+        const int64_t c = c0 + tid;
+        const bool on = c < total;
+        const int m = on ? (int)(c / chunks) : 0;
+        const int64_t k0 = on ? (c % chunks) * 16 : 0;
+        float v[16];
+        float mx = 0.0f, sum = 0.0f;
+        if (on) {
+            const float4 *src = (const float4 *)(x + (int64_t)m * K + k0);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float4 a = __ldg(src + i);
+                v[4 * i] = a.x, v[4 * i + 1] = a.y, v[4 * i + 2] = a.z, v[4 * i + 3] = a.w;
+            }
+            if (NORM) {
+                const float inv = inv_rms[m];
+                const float4 *g = (const float4 *)(norm_w + k0);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float4 a = __ldg(g + i);
+                    v[4 * i] = a.x * (v[4 * i] * inv), v[4 * i + 1] = a.y * (v[4 * i + 1] * inv);
+                    v[4 * i + 2] = a.z * (v[4 * i + 2] * inv), v[4 * i + 3] = a.w * (v[4 * i + 3] * inv);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 16; i++) mx = fmaxf(mx, fabsf(v[i])), sum += v[i];
+        }
+        for (int o = 1; o < span; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        if (!on) continue;
+        const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+        uint32_t hw[4] = {0u, 0u, 0u, 0u}, lw[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int e = 0; e < 16; e++) {
+            const float t = v[e] * inv, hf = rintf(t);
+            const float lf = fminf(fmaxf(rintf((t - hf) * 256.0f), -127.0f), 127.0f);
+            const int p = code_pos<BITS>(e);
+            hw[p >> 2] |= ((uint32_t)(int)hf & 0xffu) << (8 * (p & 3));
+            lw[p >> 2] |= ((uint32_t)(int)lf & 0xffu) << (8 * (p & 3));
+        }
+        const int64_t o = (int64_t)m * K + k0;
+        *(uint4 *)(s.xh + o) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+        *(uint4 *)(s.xl + o) = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+        s.xs[(int64_t)m * chunks + k0 / 16] = sum;
+        if ((k0 % gs) == 0) s.xd[(int64_t)m * (K / gs) + k0 / gs] = mx / (127.0f * 256.0f);
+    }
+    (void)lane;
+    __syncthreads();
+}
+
+/* sum over one 16-byte piece of codes of q * (256 h + l) */
+template <int BITS>
+__device__ __forceinline__ int qg_piece_dot(uint4 w, const uint4 *xh, const uint4 *xl) {
+    const uint32_t wd[4] = {w.x, w.y, w.z, w.w};
+    if (BITS == 4) { /* 32 codes; x words 2i (even elements) and 2i + 1 (odd) of 8 */
+        const uint4 h0 = xh[0], h1 = xh[1], l0 = xl[0], l1 = xl[1];
+        const uint32_t hx[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const uint32_t lx[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) lo[i] = wd[i] & 0x0f0f0f0fu, hi[i] = (wd[i] >> 4) & 0x0f0f0f0fu;
+        int ih = 0, il = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            ih = dp4a_us(lo[i], hx[2 * i], ih), ih = dp4a_us(hi[i], hx[2 * i + 1], ih);
+            il = dp4a_us(lo[i], lx[2 * i], il), il = dp4a_us(hi[i], lx[2 * i + 1], il);
+        }
+        return ih * 256 + il;
+    }
+    const uint4 h = xh[0], l = xl[0]; /* 16 codes in element order */
+    const uint32_t hx[4] = {h.x, h.y, h.z, h.w}, lx[4] = {l.x, l.y, l.z, l.w};
+    int ih = 0, il = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) ih = dp4a_us(wd[i], hx[i], ih), il = dp4a_us(wd[i], lx[i], il);
+    return ih * 256 + il;
+}
+
+/* N output columns (SwiGLU: half of W's rows); K a multiple of gs, gs a
+ * multiple of 32 (4-bit) or 16 (8-bit) and at most 512. */
+template <int BITS, int M, int NORM, int EPI>
+__global__ void __launch_bounds__(QG_WARPS * 32)
+    k_qgemv(const float *__restrict__ x, const uint4 *__restrict__ q, const void *__restrict__ scales,
+            const void *__restrict__ biases, int sbdt, int64_t N, int64_t K, int gs, const float *__restrict__ bias,
+            float *__restrict__ out, int accumulate, const float *__restrict__ norm_w, float eps) {
+    extern __shared__ float4 qg_dyn[];
+    constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1; /* weight rows per output column */
+    constexpr int C = QG_RW / NR;                    /* output columns per warp */
+    constexpr int E = 128 / BITS;                    /* codes per 16-byte piece */
+    constexpr int U = QG_U;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t n0 = ((int64_t)blockIdx.x * QG_WARPS + warp) * C;
+    const int64_t P = K / E, G = K / gs; /* pieces and groups per row */
+    int64_t row[QG_RW];                  /* columns past N read column N - 1; their sums are dropped */
+#pragma unroll
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int64_t col = n0 + c < N ? n0 + c : N - 1;
+            row[c * NR + r] = r == 0 ? col : col + N;
+        }
+    kn_pdl_trigger();
+
+    uint4 raw[U][QG_RW];
+    uint32_t sraw[U][QG_RW], braw[U][QG_RW];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < QG_RW; r++) {
+            const int64_t j = lane + 32 * u;
+            if (j < P) {
+                const int64_t gi = row[r] * G + j * E / gs;
+                raw[u][r] = __ldcs(q + row[r] * P + j);
+                sraw[u][r] = sb_raw(scales, sbdt, gi), braw[u][r] = sb_raw(biases, sbdt, gi);
+            }
+        }
+    kn_pdl_wait();
+    const qg_smem s = qg_layout(qg_dyn, M, K, gs);
+    qg_quantize_x<BITS, M, NORM>(x, K, gs, norm_w, eps, s);
+    if (n0 >= N) return; /* after the block's last barrier */
+
+    float acc[QG_RW][M];
+#pragma unroll
+    for (int r = 0; r < QG_RW; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
+    for (int64_t j0 = lane; j0 < P; j0 += 32 * U) {
+        if (j0 != lane)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < QG_RW; r++) {
+                    const int64_t j = j0 + 32 * u;
+                    if (j < P) {
+                        const int64_t gi = row[r] * G + j * E / gs;
+                        raw[u][r] = __ldcs(q + row[r] * P + j);
+                        sraw[u][r] = sb_raw(scales, sbdt, gi), braw[u][r] = sb_raw(biases, sbdt, gi);
+                    }
+                }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t j = j0 + 32 * u;
+            if (j >= P) break;
+            const int64_t k0 = j * E, g = k0 / gs;
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                const int64_t o = (int64_t)m * K + k0;
+                const float d = s.xd[(int64_t)m * G + g];
+                float sx = s.xs[o / 16];
+                if (BITS == 4) sx += s.xs[o / 16 + 1];
+#pragma unroll
+                for (int r = 0; r < QG_RW; r++) {
+                    const int dot = qg_piece_dot<BITS>(raw[u][r], (const uint4 *)(s.xh + o), (const uint4 *)(s.xl + o));
+                    acc[r][m] += sb_val(sraw[u][r], sbdt) * (d * (float)dot) + sb_val(braw[u][r], sbdt) * sx;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < QG_RW; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+    if (lane != 0) return;
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int64_t n = n0 + c;
+        if (n >= N) break;
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            if (EPI == KN_EPI_SWIGLU) {
+                const float gt = acc[c * NR][m] + (bias ? bias[n] : 0.0f);
+                const float up = acc[c * NR + NR - 1][m] + (bias ? bias[n + N] : 0.0f);
+                out[(int64_t)m * N + n] = gt / (1.0f + expf(-gt)) * up;
+            } else {
+                const float v = acc[c][m] + (bias ? bias[n] : 0.0f);
+                float *dst = out + (int64_t)m * N + n;
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+    }
+}
+
+template <int BITS, int M, int NORM, int EPI>
+static int launch_qgemv(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
+                        int accumulate, const float *norm_w, float eps) {
+    const size_t smem = qg_smem_bytes(M, w->cols, w->group_size);
+    static size_t smem_allowed = 48 << 10; /* per instantiation */
+    if (smem > QG_MAX_SMEM) return 0;
+    if (smem > smem_allowed) {
+        if (cudaFuncSetAttribute(k_qgemv<BITS, M, NORM, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 QG_MAX_SMEM) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        smem_allowed = QG_MAX_SMEM;
+    }
+    constexpr int C = QG_RW / (EPI == KN_EPI_SWIGLU ? 2 : 1);
+    const unsigned blocks = (unsigned)((N + QG_WARPS * C - 1) / (QG_WARPS * C));
+    return kn_cuda_launch(be, k_qgemv<BITS, M, NORM, EPI>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
+                          (const uint4 *)w->data, w->scales, w->biases, (int)w->sb_dtype, N, w->cols,
+                          w->group_size, bias, out, accumulate, norm_w, eps) == cudaSuccess;
+}
+
+template <int BITS, int M>
+static int qgemv_m(kn_backend *be, const float *x, const kn_weight *w, const float *bias, float *out, int accumulate,
+                   const float *norm_w, float eps, int epi) {
+    if (epi == KN_EPI_SWIGLU)
+        return norm_w ? launch_qgemv<BITS, M, 1, KN_EPI_SWIGLU>(be, x, w, w->rows / 2, bias, out, 0, norm_w, eps)
+                      : launch_qgemv<BITS, M, 0, KN_EPI_SWIGLU>(be, x, w, w->rows / 2, bias, out, 0, norm_w, eps);
+    return norm_w ? launch_qgemv<BITS, M, 1, KN_EPI_NONE>(be, x, w, w->rows, bias, out, accumulate, norm_w, eps)
+                  : launch_qgemv<BITS, M, 0, KN_EPI_NONE>(be, x, w, w->rows, bias, out, accumulate, norm_w, eps);
+}
+
+int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
+                  int accumulate, const float *norm_w, float eps, int epi) {
+    if (M < 1 || M > KN_CUDA_GEMV_MAX_M || (w->bits != 4 && w->bits != 8)) return 0;
+    const int gs = w->group_size;
+    if (gs % (w->bits == 4 ? 32 : 16) || gs > 512 || w->cols % gs || w->rows < 1) return 0;
+    if (epi == KN_EPI_SWIGLU && (w->rows % 2 || accumulate)) return 0;
+    if (((uintptr_t)x & 15) || ((uintptr_t)w->data & 15) || ((uintptr_t)norm_w & 15)) return 0;
+    if (w->bits == 4)
+        return M == 1 ? qgemv_m<4, 1>(be, x, w, bias, out, accumulate, norm_w, eps, epi)
+                      : qgemv_m<4, 2>(be, x, w, bias, out, accumulate, norm_w, eps, epi);
+    return M == 1 ? qgemv_m<8, 1>(be, x, w, bias, out, accumulate, norm_w, eps, epi)
+                  : qgemv_m<8, 2>(be, x, w, bias, out, accumulate, norm_w, eps, epi);
+}

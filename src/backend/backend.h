@@ -300,6 +300,9 @@ struct kn_backend {
      * CPU's VNNI kernels carry x as two int8 terms: 1 / 32512. Tests bound
      * quantized-vs-dequantized results accordingly. */
     double quant_x_rel_error;
+    /* moe_ffn accepts MLX-quantized expert stacks (else models with them are
+     * refused at load) */
+    int moe_quantized_experts;
     /* fraction of the device's memory this process may fill (weights, KV
      * cache, scratch); 0 = 0.9. Used where memory_info exists. */
     double memory_fraction;
@@ -332,6 +335,22 @@ static inline int64_t kn_weight_bytes(const kn_weight *w) {
     if (w->bits)
         return w->rows * (w->cols * w->bits / 8 + 2 * (w->cols / w->group_size) * (int64_t)kn_dtype_size(w->sb_dtype));
     return w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype);
+}
+/* Rows [row0, row0 + rows) of w as a borrowed weight (codes and their
+ * scales/biases for quantized weights; both stored row-major). */
+static inline kn_weight kn_weight_rows(const kn_weight *w, int64_t row0, int64_t rows) {
+    kn_weight s = *w;
+    s.rows = rows, s.owned = 0;
+    if (w->bits) {
+        const int64_t G = w->cols / w->group_size;
+        const size_t sz = kn_dtype_size(w->sb_dtype);
+        s.data = (const uint8_t *)w->data + (size_t)row0 * (size_t)(w->cols * w->bits / 32) * 4;
+        s.scales = (const uint8_t *)w->scales + (size_t)(row0 * G) * sz;
+        s.biases = (const uint8_t *)w->biases + (size_t)(row0 * G) * sz;
+    } else {
+        s.data = (const uint8_t *)w->data + (size_t)row0 * (size_t)w->cols * kn_dtype_size(w->dtype);
+    }
+    return s;
 }
 static inline void kn_be_weight_free(kn_backend *be, kn_weight *w) {
     if (w->owned && w->data) be->vt->free(be, (void *)w->data);

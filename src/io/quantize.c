@@ -145,6 +145,89 @@ static void quantize_tensor(const kn_st_tensor *t, int bits, int gs, uint32_t *q
     }
 }
 
+/* Per-expert weights "<p>.experts.<e>.<proj>.weight" (HF layouts; mixtral's
+ * w1/w3/w2 = gate/up/down) are written as mlx-lm writes them: one stacked
+ * tensor "<p>.switch_mlp.<proj>.weight" [E, rows, ...] per projection, its
+ * experts in id order. A group is stacked only when experts 0..E-1 are all
+ * there with one shape and float dtype; it is quantized when its columns
+ * split into groups, else kept in its dtype (as mlx-lm does). */
+typedef struct {
+    char *name;      /* "<p>.switch_mlp.<proj>.weight" */
+    size_t *members; /* input index of expert e */
+    int64_t n_members, rows, cols;
+    kn_dtype dtype;
+    int ok, quant;
+} xgroup;
+
+/* 1 and the stacked name / expert id when name is a per-expert weight */
+static int expert_member(const char *name, char *stacked, size_t cap, int64_t *expert) {
+    static const char *const from[] = {"gate_proj", "up_proj", "down_proj", "w1", "w3", "w2"};
+    static const char *const to[] = {"gate_proj", "up_proj", "down_proj", "gate_proj", "up_proj", "down_proj"};
+    const char *x = strstr(name, ".experts.");
+    if (!x) return 0;
+    const char *d = x + 9, *e = d;
+    while (*e >= '0' && *e <= '9') e++;
+    if (e == d || e - d > 6 || *e != '.') return 0;
+    for (size_t i = 0; i < sizeof from / sizeof *from; i++) {
+        const size_t n = strlen(from[i]);
+        if (!strncmp(e + 1, from[i], n) && !strcmp(e + 1 + n, ".weight")) {
+            snprintf(stacked, cap, "%.*s.switch_mlp.%s.weight", (int)(x - name), name, to[i]);
+            *expert = atoll(d);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* the groups of per-expert weights in `in`; *member_of[i] = group of input i or -1 */
+static kn_code find_expert_groups(const kn_safetensors *in, int gs, xgroup **out, size_t *n_out, long *member_of,
+                                  kn_error *err) {
+    const size_t n = kn_st_count(in);
+    xgroup *g = NULL;
+    size_t ng = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kn_st_tensor *t = kn_st_at(in, i);
+        char sname[512];
+        int64_t e;
+        member_of[i] = -1;
+        if (!expert_member(t->name, sname, sizeof sname, &e)) continue;
+        size_t j = 0;
+        while (j < ng && strcmp(g[j].name, sname)) j++;
+        if (j == ng) {
+            xgroup *ng2 = realloc(g, (ng + 1) * sizeof *g);
+            if (!ng2) goto nomem;
+            g = ng2;
+            g[ng] = (xgroup){.name = strdup(sname), .members = calloc(n, sizeof(size_t)), .rows = -1, .ok = 1};
+            if (!g[ng].name || !g[ng].members) {
+                ng++;
+                goto nomem;
+            }
+            ng++;
+        }
+        xgroup *x = &g[j];
+        const int is_float = t->dtype == KN_DT_F32 || t->dtype == KN_DT_BF16 || t->dtype == KN_DT_F16;
+        if (x->rows < 0) x->rows = t->ndim == 2 ? t->shape[0] : 0, x->cols = t->ndim == 2 ? t->shape[1] : 0, x->dtype = t->dtype;
+        if (!is_float || t->ndim != 2 || t->shape[0] != x->rows || t->shape[1] != x->cols || t->dtype != x->dtype ||
+            e < 0 || e >= (int64_t)n || x->members[e])
+            x->ok = 0;
+        else
+            x->members[e] = i + 1; /* 0 = absent */
+        x->n_members = e + 1 > x->n_members ? e + 1 : x->n_members;
+        member_of[i] = (long)j;
+    }
+    for (size_t j = 0; j < ng; j++) {
+        for (int64_t e = 0; e < g[j].n_members; e++)
+            if (!g[j].members[e]) g[j].ok = 0;
+        g[j].quant = g[j].ok && g[j].cols % gs == 0;
+    }
+    *out = g, *n_out = ng;
+    return KN_OK;
+nomem:
+    for (size_t j = 0; j < ng; j++) free(g[j].name), free(g[j].members);
+    free(g);
+    return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+}
+
 kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn_quantize_opts *o,
                                kn_quantize_stats *stats, kn_error *err) {
     kn_quantize_stats st0 = {0};
@@ -176,19 +259,29 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
     uint8_t *sel = calloc(n + 1, 1);
     int *tbits = calloc(n + 1, sizeof *tbits), *obits = calloc(n + 1, sizeof *obits), n_over = 0;
     char **onames = calloc(n + 1, sizeof *onames);
+    long *member_of = calloc(n + 1, sizeof *member_of);
+    xgroup *xg = NULL;
+    size_t n_xg = 0;
     kn_st_writer *w = NULL;
     float *row = NULL;
     void *qbuf = NULL, *sbuf = NULL, *bbuf = NULL;
-    size_t nd = 0, max_cols = 0, max_q = 0, max_s = 0;
-    if (!d || !names || !sel || !tbits || !obits || !onames) {
+    size_t nd = 0, max_cols = 0, max_q = 0, max_s = 0, max_stack = 0;
+    uint8_t *stack = NULL; /* a float expert stack being written */
+    if (!d || !names || !sel || !tbits || !obits || !onames || !member_of) {
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
         goto done;
     }
     kn_quantize_stats s = st0;
     s.low_bits = low, s.high_bits = high;
+    if ((rc = find_expert_groups(in, o->group_size, &xg, &n_xg, member_of, err))) goto done;
     for (size_t i = 0; i < n; i++) {
         const kn_st_tensor *t = kn_st_at(in, i);
         int is_float = t->dtype == KN_DT_F32 || t->dtype == KN_DT_BF16 || t->dtype == KN_DT_F16;
+        const xgroup *x = member_of[i] >= 0 && xg[member_of[i]].ok ? &xg[member_of[i]] : NULL;
+        if (x && x->members[0] != i + 1) { /* stacked with expert 0's output */
+            sel[i] = 3, s.bytes_in += (double)t->nbytes;
+            continue;
+        }
         s.bytes_in += (double)t->nbytes;
         size_t len = strlen(t->name);
         if (len > 7 && !strcmp(t->name + len - 7, ".scales")) {
@@ -200,19 +293,27 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
                          t->name, kn_dtype_name(t->dtype));
             goto done;
         }
-        sel[i] = is_float && kn_quantize_selects(t->name, t->ndim, t->shape, o->group_size);
+        sel[i] = x ? (x->quant ? 2 : 4) : is_float && kn_quantize_selects(t->name, t->ndim, t->shape, o->group_size);
+        if (sel[i] == 4) { /* stacked, kept in its dtype */
+            d[nd] = (kn_stw_desc){.name = x->name, .dtype = t->dtype, .ndim = 3};
+            d[nd].shape[0] = x->n_members, d[nd].shape[1] = x->rows, d[nd].shape[2] = x->cols;
+            nd++, s.n_kept += (int)x->n_members, s.bytes_out += (double)x->n_members * (double)t->nbytes;
+            if ((size_t)x->n_members * t->nbytes > max_stack) max_stack = (size_t)x->n_members * t->nbytes;
+            continue;
+        }
         if (!sel[i]) {
             d[nd] = (kn_stw_desc){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
             memcpy(d[nd].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
             nd++, s.n_kept++, s.bytes_out += (double)t->nbytes;
             continue;
         }
-        const int64_t rows = t->shape[0], cols = t->shape[1], G = cols / o->group_size;
-        tbits[i] = o->mixed ? kn_quantize_recipe_bits(o->mixed, t->name, cfg.n_layers) : o->bits;
-        if (tbits[i] != low) onames[n_over] = (char *)t->name, obits[n_over++] = tbits[i], s.n_high++;
+        const char *oname = x ? x->name : t->name; /* the output tensor's name */
+        const int64_t E = x ? x->n_members : 1, rows = t->shape[0], cols = t->shape[1], G = cols / o->group_size;
+        tbits[i] = o->mixed ? kn_quantize_recipe_bits(o->mixed, oname, cfg.n_layers) : o->bits;
+        if (tbits[i] != low) onames[n_over] = (char *)oname, obits[n_over++] = tbits[i], s.n_high++;
         const int64_t words = kn_quant_row_words(cols, tbits[i]);
         char base[512];
-        snprintf(base, sizeof base, "%.*s", (int)(len - 7), t->name);
+        snprintf(base, sizeof base, "%.*s", (int)(strlen(oname) - 7), oname);
         const char *suffix[3] = {".weight", ".scales", ".biases"};
         for (int k = 0; k < 3; k++) {
             size_t nl = strlen(base) + 8;
@@ -221,17 +322,22 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
                 goto done;
             }
             snprintf(names[nd], nl, "%s%s", base, suffix[k]);
-            d[nd] = (kn_stw_desc){.name = names[nd], .dtype = k ? t->dtype : KN_DT_U32, .ndim = 2};
-            d[nd].shape[0] = rows, d[nd].shape[1] = k ? G : words;
+            d[nd] = (kn_stw_desc){.name = names[nd], .dtype = k ? t->dtype : KN_DT_U32, .ndim = x ? 3 : 2};
+            if (x) d[nd].shape[0] = E, d[nd].shape[1] = rows, d[nd].shape[2] = k ? G : words;
+            else d[nd].shape[0] = rows, d[nd].shape[1] = k ? G : words;
             nd++;
         }
         if ((size_t)cols > max_cols) max_cols = (size_t)cols;
-        if ((size_t)(rows * words) > max_q) max_q = (size_t)(rows * words);
-        if ((size_t)(rows * G) > max_s) max_s = (size_t)(rows * G);
-        s.n_quantized++;
-        s.bytes_out += (double)(rows * words * 4) + 2.0 * (double)(rows * G) * (double)kn_dtype_size(t->dtype);
+        if ((size_t)(E * rows * words) > max_q) max_q = (size_t)(E * rows * words);
+        if ((size_t)(E * rows * G) > max_s) max_s = (size_t)(E * rows * G);
+        s.n_quantized += (int)E;
+        s.bytes_out += (double)E * ((double)(rows * words * 4) + 2.0 * (double)(rows * G) * (double)kn_dtype_size(t->dtype));
     }
     row = malloc((max_cols + 1) * sizeof(float));
+    if (max_stack && !(stack = malloc(max_stack))) {
+        rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+        goto done;
+    }
     qbuf = malloc((max_q + 1) * 4), sbuf = malloc((max_s + 1) * 4), bbuf = malloc((max_s + 1) * 4);
     if (!row || !qbuf || !sbuf || !bbuf) {
         rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
@@ -242,16 +348,29 @@ kn_code kn_quantize_checkpoint(const char *in_dir, const char *out_dir, const kn
     if ((rc = kn_st_writer_open(path, d, nd, "mlx", &w, err))) goto done;
     for (size_t i = 0; i < n && !rc; i++) {
         const kn_st_tensor *t = kn_st_at(in, i);
+        if (sel[i] == 3) continue; /* written with its group */
+        if (sel[i] == 4) {
+            const xgroup *x = &xg[member_of[i]];
+            for (int64_t e = 0; e < x->n_members; e++)
+                memcpy(stack + (size_t)e * t->nbytes, kn_st_at(in, x->members[e] - 1)->data, t->nbytes);
+            rc = kn_st_writer_put(w, stack, (size_t)x->n_members * t->nbytes, err);
+            continue;
+        }
         if (!sel[i]) {
             rc = kn_st_writer_put(w, t->data, t->nbytes, err);
             continue;
         }
-        const int64_t rows = t->shape[0], cols = t->shape[1], G = cols / o->group_size;
-        quantize_tensor(t, tbits[i], o->group_size, qbuf, sbuf, bbuf, row);
+        const xgroup *x = sel[i] == 2 ? &xg[member_of[i]] : NULL;
+        const int64_t E = x ? x->n_members : 1, rows = t->shape[0], cols = t->shape[1], G = cols / o->group_size;
+        const int64_t words = kn_quant_row_words(cols, tbits[i]);
         const size_t sbytes = (size_t)(rows * G) * kn_dtype_size(t->dtype);
-        rc = kn_st_writer_put(w, qbuf, (size_t)(rows * kn_quant_row_words(cols, tbits[i])) * 4, err);
-        if (!rc) rc = kn_st_writer_put(w, sbuf, sbytes, err);
-        if (!rc) rc = kn_st_writer_put(w, bbuf, sbytes, err);
+        for (int64_t e = 0; e < E; e++) /* expert by expert into the stacked buffers */
+            quantize_tensor(x ? kn_st_at(in, x->members[e] - 1) : t, tbits[i], o->group_size,
+                            (uint32_t *)qbuf + e * rows * words, (uint8_t *)sbuf + (size_t)e * sbytes,
+                            (uint8_t *)bbuf + (size_t)e * sbytes, row);
+        rc = kn_st_writer_put(w, qbuf, (size_t)(E * rows * words) * 4, err);
+        if (!rc) rc = kn_st_writer_put(w, sbuf, (size_t)E * sbytes, err);
+        if (!rc) rc = kn_st_writer_put(w, bbuf, (size_t)E * sbytes, err);
     }
     if (rc) goto done;
     rc = kn_st_writer_close(w, err);
@@ -273,7 +392,9 @@ done:
     kn_st_writer_abort(w);
     for (size_t i = 0; names && i < nd; i++) free(names[i]);
     free(names), free(d), free(sel), free(row), free(qbuf), free(sbuf), free(bbuf), free(tbits), free(obits),
-        free(onames);
+        free(onames), free(member_of), free(stack);
+    for (size_t j = 0; j < n_xg; j++) free(xg[j].name), free(xg[j].members);
+    free(xg);
     kn_st_close(in);
     return rc;
 }

@@ -95,6 +95,13 @@ typedef struct {
     int bits, group_size;
 } ld_qpart;
 
+/* rows of a tensor read as a matrix: the product of all but its last dim */
+static int64_t lead_rows(const kn_st_tensor *t) {
+    int64_t r = 1;
+    for (int i = 0; i + 1 < t->ndim; i++) r *= t->shape[i];
+    return r;
+}
+
 static kn_code ld_quant_part(const kn_tensor_source *src, const char *name, const kn_st_tensor *t, int64_t rows,
                              int64_t cols, ld_qpart *out, int *found, kn_error *err) {
     char base[256], sname[272], bname[272];
@@ -109,21 +116,23 @@ static kn_code ld_quant_part(const kn_tensor_source *src, const char *name, cons
     *found = 1;
     const kn_st_tensor *bi = src->find(src->ctx, bname);
     if (!bi) return kn_fail(err, KN_ERR_FORMAT, "checkpoint has %s but no %s", sname, bname);
-    if (t->dtype != KN_DT_U32 || t->ndim != 2 || t->shape[0] != rows || t->shape[1] <= 0 ||
-        (t->shape[1] * 32) % cols != 0)
+    const int last = t->ndim - 1;
+    if (t->dtype != KN_DT_U32 || (t->ndim != 2 && t->ndim != 3) || lead_rows(t) != rows || t->shape[last] <= 0 ||
+        (t->shape[last] * 32) % cols != 0)
         return kn_fail(err, KN_ERR_FORMAT,
                        "quantized tensor %s must be U32 [%lld, cols*bits/32] for %lld input columns (has dtype %s)",
                        name, (long long)rows, (long long)cols, kn_dtype_name(t->dtype));
-    int bits = (int)(t->shape[1] * 32 / cols);
+    int bits = (int)(t->shape[last] * 32 / cols);
     kn_code rc = ld_check_float(sc, sname, err);
     if (!rc) rc = ld_check_float(bi, bname, err);
     if (rc) return rc;
-    if (sc->ndim != 2 || sc->shape[0] != rows || sc->shape[1] <= 0 || cols % sc->shape[1] != 0)
+    const int64_t sgroups = sc->ndim == t->ndim ? sc->shape[last] : 0;
+    if (sc->ndim != t->ndim || lead_rows(sc) != rows || sgroups <= 0 || cols % sgroups != 0)
         return kn_fail(err, KN_ERR_FORMAT, "tensor %s must be [%lld, cols/group_size] for %lld columns", sname,
                        (long long)rows, (long long)cols);
-    if (bi->dtype != sc->dtype || bi->ndim != 2 || bi->shape[0] != sc->shape[0] || bi->shape[1] != sc->shape[1])
+    if (bi->dtype != sc->dtype || bi->ndim != sc->ndim || lead_rows(bi) != rows || bi->shape[last] != sgroups)
         return kn_fail(err, KN_ERR_FORMAT, "tensors %s and %s differ in dtype or shape", sname, bname);
-    int64_t gs = cols / sc->shape[1];
+    int64_t gs = cols / sgroups;
     if (gs > 1024) return kn_fail(err, KN_ERR_UNSUPPORTED, "%s: quantization group size %lld", name, (long long)gs);
     if ((rc = kn_quant_check(name, bits, (int)gs, rows, cols, err))) return rc;
     *out = (ld_qpart){.q = t, .scales = sc, .biases = bi, .bits = bits, .group_size = (int)gs};
@@ -160,14 +169,19 @@ static void ld_repack_quant(const uint8_t *q, const uint8_t *sc, const uint8_t *
     }
 }
 
-/* Row blocks of quantized parts as one quantized weight; rows of codes and
- * of scales/biases move together. Parts quantized differently (per-module
- * overrides, e.g. mlx-lm's mixed recipes giving v_proj more bits than
- * q/k_proj) and 3/5/6-bit parts are rewritten exactly into one layout the
- * backends compute with: the widest compute bits, the smallest group size,
- * f32 scales if the parts' scale dtypes differ. */
-static kn_code ld_load_fused_quant(kn_model *m, char (*name)[256], const ld_qpart *qp, const ld_part *parts,
-                                   int n_parts, int64_t cols, const ld_qk_perm *perm, kn_weight *out, kn_error *err) {
+/* Row blocks (segments of parts) of quantized parts as one quantized
+ * weight; rows of codes and of scales/biases move together. Parts quantized
+ * differently (per-module overrides, e.g. mlx-lm's mixed recipes giving
+ * v_proj more bits than q/k_proj) and 3/5/6-bit parts are rewritten exactly
+ * into one layout the backends compute with: the widest compute bits, the
+ * smallest group size, f32 scales if the parts' scale dtypes differ. */
+typedef struct {
+    int part;
+    int64_t row0, rows;
+} ld_seg;
+
+static kn_code ld_load_quant_segs(kn_model *m, const char *label, const ld_qpart *qp, int n_parts, const ld_seg *segs,
+                                  int n_segs, int64_t cols, const ld_qk_perm *perm, kn_weight *out, kn_error *err) {
     int64_t total = 0;
     int bits = 0, gs = qp[0].group_size, repack = 0;
     kn_dtype dt = qp[0].scales->dtype;
@@ -176,14 +190,15 @@ static kn_code ld_load_fused_quant(kn_model *m, char (*name)[256], const ld_qpar
         bits = cb > bits ? cb : bits;
         gs = qp[i].group_size < gs ? qp[i].group_size : gs;
         if (qp[i].scales->dtype != dt) dt = KN_DT_F32;
-        total += parts[i].rows;
     }
     for (int i = 0; i < n_parts; i++)
         repack |= qp[i].bits != bits || qp[i].group_size != gs || qp[i].scales->dtype != dt;
+    for (int i = 0; i < n_segs; i++) total += segs[i].rows;
     const int permute = perm && perm->rot_dim > 0;
     kn_quant_host h = {.rows = total, .cols = cols, .bits = bits, .group_size = gs, .sb_dtype = dt};
-    if (n_parts == 1 && !permute && !repack) {
-        h.q = qp[0].q->data, h.scales = qp[0].scales->data, h.biases = qp[0].biases->data;
+    if (n_segs == 1 && segs[0].row0 == 0 && !permute && !repack) {
+        const ld_qpart *p = &qp[segs[0].part];
+        h.q = p->q->data, h.scales = p->scales->data, h.biases = p->biases->data;
         return kn_be_weight_load_quant(m->be, &h, out, err);
     }
     const size_t qrow = (size_t)kn_quant_row_words(cols, h.bits) * 4;
@@ -191,18 +206,23 @@ static kn_code ld_load_fused_quant(kn_model *m, char (*name)[256], const ld_qpar
     uint8_t *q = malloc((size_t)total * qrow), *sc = malloc((size_t)total * srow), *bi = malloc((size_t)total * srow);
     uint32_t *row = malloc((size_t)kn_quant_row_words(cols, 8) * 4); /* the widest source row */
     kn_code rc = KN_OK;
-    if (!q || !sc || !bi || !row) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory loading %s", name[0]);
+    if (!q || !sc || !bi || !row) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory loading %s", label);
     size_t off = 0;
-    for (int i = 0; i < n_parts && !rc; i++) {
-        const int64_t rows = parts[i].rows;
-        if (qp[i].bits == bits && qp[i].group_size == gs && qp[i].scales->dtype == dt) {
-            memcpy(q + off * qrow, qp[i].q->data, (size_t)rows * qrow);
-            memcpy(sc + off * srow, qp[i].scales->data, (size_t)rows * srow);
-            memcpy(bi + off * srow, qp[i].biases->data, (size_t)rows * srow);
+    for (int i = 0; i < n_segs && !rc; i++) {
+        const ld_qpart *p = &qp[segs[i].part];
+        const int64_t rows = segs[i].rows;
+        const size_t sq = (size_t)kn_quant_row_words(cols, p->bits) * 4; /* the part's own row sizes */
+        const size_t ss = (size_t)(cols / p->group_size) * kn_dtype_size(p->scales->dtype);
+        const uint8_t *pq = (const uint8_t *)p->q->data + (size_t)segs[i].row0 * sq;
+        const uint8_t *ps = (const uint8_t *)p->scales->data + (size_t)segs[i].row0 * ss;
+        const uint8_t *pb = (const uint8_t *)p->biases->data + (size_t)segs[i].row0 * ss;
+        if (p->bits == bits && p->group_size == gs && p->scales->dtype == dt) {
+            memcpy(q + off * qrow, pq, (size_t)rows * qrow);
+            memcpy(sc + off * srow, ps, (size_t)rows * srow);
+            memcpy(bi + off * srow, pb, (size_t)rows * srow);
         } else {
-            ld_repack_quant(qp[i].q->data, qp[i].scales->data, qp[i].biases->data, rows, cols, qp[i].bits,
-                            qp[i].group_size, qp[i].scales->dtype, bits, gs, dt, q + off * qrow, sc + off * srow,
-                            bi + off * srow, row);
+            ld_repack_quant(pq, ps, pb, rows, cols, p->bits, p->group_size, p->scales->dtype, bits, gs, dt,
+                            q + off * qrow, sc + off * srow, bi + off * srow, row);
         }
         off += (size_t)rows;
     }
@@ -240,7 +260,11 @@ kn_code ld_load_fused(kn_model *m, const kn_tensor_source *src, int layer, const
             return kn_fail(err, KN_ERR_UNSUPPORTED, "tensors %s and %s have different dtypes", name[0], name[i]);
         total += parts[i].rows;
     }
-    if (n_quant == n_parts) return ld_load_fused_quant(m, name, qp, parts, n_parts, cols, perm, out, err);
+    if (n_quant == n_parts) {
+        ld_seg segs[4];
+        for (int i = 0; i < n_parts; i++) segs[i] = (ld_seg){i, 0, parts[i].rows};
+        return ld_load_quant_segs(m, name[0], qp, n_parts, segs, n_parts, cols, perm, out, err);
+    }
     if (n_quant)
         return kn_fail(err, KN_ERR_UNSUPPORTED, "%s and the tensors fused with it are only partly quantized", name[0]);
     int permute = perm && perm->rot_dim > 0;
@@ -286,6 +310,57 @@ kn_code ld_load_fused_bias(kn_model *m, const kn_tensor_source *src, int layer, 
     }
     if (!rc) rc = ld_permute_qk_rows((uint8_t *)host, sizeof(float), perm, err);
     if (!rc) rc = ld_upload_vec(m, host, total, out, err);
+    free(host);
+    return rc;
+}
+
+kn_code ld_load_stacked(kn_model *m, const kn_tensor_source *src, const char *const *names, int n_parts, int64_t E,
+                        const int64_t *rows, int64_t cols, kn_weight *out, kn_error *err) {
+    const kn_st_tensor *ts[4] = {0};
+    ld_qpart qp[4] = {{0}};
+    int n_quant = 0;
+    if (n_parts < 1 || n_parts > 4 || E < 1) return kn_fail(err, KN_ERR_INVALID_ARG, "ld_load_stacked: bad arguments");
+    for (int i = 0; i < n_parts; i++) {
+        if (!(ts[i] = src->find(src->ctx, names[i])))
+            return kn_fail(err, KN_ERR_FORMAT, "checkpoint is missing tensor %s", names[i]);
+        int is_q = 0;
+        kn_code rc = ld_quant_part(src, names[i], ts[i], E * rows[i], cols, &qp[i], &is_q, err);
+        if (rc) return rc;
+        n_quant += is_q;
+        if (is_q) continue;
+        if ((rc = ld_check_float(ts[i], names[i], err))) return rc;
+        if (ts[i]->ndim != 3 || ts[i]->shape[0] != E || ts[i]->shape[1] != rows[i] || ts[i]->shape[2] != cols)
+            return kn_fail(err, KN_ERR_FORMAT, "tensor %s must have shape [%lld, %lld, %lld] from config.json",
+                           names[i], (long long)E, (long long)rows[i], (long long)cols);
+        if (ts[i]->dtype != ts[0]->dtype)
+            return kn_fail(err, KN_ERR_UNSUPPORTED, "tensors %s and %s have different dtypes", names[0], names[i]);
+    }
+    if (n_quant && n_quant != n_parts)
+        return kn_fail(err, KN_ERR_UNSUPPORTED, "%s and the tensors stacked with it are only partly quantized", names[0]);
+    int64_t per_expert = 0;
+    for (int i = 0; i < n_parts; i++) per_expert += rows[i];
+    if (n_quant) {
+        ld_seg *segs = malloc((size_t)E * (size_t)n_parts * sizeof *segs);
+        if (!segs) return kn_fail(err, KN_ERR_NOMEM, "out of memory loading %s", names[0]);
+        for (int64_t e = 0; e < E; e++)
+            for (int i = 0; i < n_parts; i++) segs[e * n_parts + i] = (ld_seg){i, e * rows[i], rows[i]};
+        kn_code rc = ld_load_quant_segs(m, names[0], qp, n_parts, segs, (int)(E * n_parts), cols, NULL, out, err);
+        free(segs);
+        return rc;
+    }
+    const kn_dtype dt = ts[0]->dtype;
+    if (n_parts == 1)
+        return kn_be_weight_load(m->be, dt, E * rows[0], cols, ts[0]->data, src->outlives_model, out, err);
+    const size_t esz = kn_dtype_size(dt);
+    uint8_t *host = malloc((size_t)(E * per_expert) * (size_t)cols * esz), *dst = host;
+    if (!host) return kn_fail(err, KN_ERR_NOMEM, "out of memory stacking %s", names[0]);
+    for (int64_t e = 0; e < E; e++)
+        for (int i = 0; i < n_parts; i++) {
+            const size_t bytes = (size_t)rows[i] * (size_t)cols * esz;
+            memcpy(dst, (const uint8_t *)ts[i]->data + (size_t)e * bytes, bytes);
+            dst += bytes;
+        }
+    kn_code rc = kn_be_weight_load(m->be, dt, E * per_expert, cols, host, 0, out, err);
     free(host);
     return rc;
 }

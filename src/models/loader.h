@@ -38,6 +38,13 @@ kn_code ld_load_vec(kn_model *m, const kn_tensor_source *src, const char *fmt, i
  * used in place when the source outlives the model. perm may be NULL. */
 kn_code ld_load_fused(kn_model *m, const kn_tensor_source *src, int layer, const ld_part *parts, int n_parts,
                       int64_t cols, const ld_qk_perm *perm, kn_weight *out, kn_error *err);
+/* Expert weights stored stacked (mlx-lm's switch_mlp): names[i] is
+ * [E, rows[i], cols] (float) or quantized (U32 [E, rows[i], cols*bits/32],
+ * scales/biases [E, rows[i], cols/group_size]). Loaded as one weight of
+ * E * sum(rows) rows, expert by expert: expert e's rows of part 0, then of
+ * part 1, ... (quantized parts unified as ld_load_fused does). */
+kn_code ld_load_stacked(kn_model *m, const kn_tensor_source *src, const char *const *names, int n_parts, int64_t E,
+                        const int64_t *rows, int64_t cols, kn_weight *out, kn_error *err);
 /* Optional fused bias: all parts present, or none. */
 kn_code ld_load_fused_bias(kn_model *m, const kn_tensor_source *src, int layer, const ld_part *parts, int n_parts,
                            const ld_qk_perm *perm, float **out, kn_error *err);

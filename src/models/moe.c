@@ -5,7 +5,9 @@
  * mixtral), experts SwiGLU-FFNs summed with those weights; qwen2_moe adds a
  * shared expert scaled by sigmoid(x w_g). Expert weights are stacked along
  * rows at load (expert e's gate rows, then its up rows; down likewise) so the
- * moe_ffn op can address any expert from its id on the device. */
+ * moe_ffn op can address any expert from its id on the device. Checkpoints
+ * come with one tensor per expert (HF), fused 3-D tensors (transformers 5) or
+ * mlx-lm's switch_mlp stacks, which may be MLX-quantized. */
 #include "models/moe.h"
 
 #include <math.h>
@@ -95,9 +97,35 @@ static kn_code load_fused_experts(kn_model *m, const kn_tensor_source *src, cons
     return kn_be_weight_load(m->be, dn->dtype, E * H, I, dn->data, src->outlives_model, &L->experts_down, err);
 }
 
+/* mlx-lm's stacked experts (every mlx-community MoE checkpoint, bf16 or
+ * quantized): switch_mlp.{gate,up,down}_proj [E, rows, cols]. */
+static kn_code load_switch_experts(kn_model *m, const kn_tensor_source *src, const char *prefix, int l, kn_layer *L,
+                                   kn_error *err) {
+    const kn_model_config *c = &m->cfg;
+    const int64_t E = c->n_experts, H = c->hidden_size, I = c->moe_intermediate_size;
+    char gname[320], uname[320], dname[320];
+    find2(src, gname, sizeof gname, prefix, l, ".switch_mlp.gate_proj.weight");
+    find2(src, uname, sizeof uname, prefix, l, ".switch_mlp.up_proj.weight");
+    find2(src, dname, sizeof dname, prefix, l, ".switch_mlp.down_proj.weight");
+    const char *gu[2] = {gname, uname}, *dn[1] = {dname};
+    const int64_t gu_rows[2] = {I, I}, dn_rows[1] = {H};
+    kn_code rc = ld_load_stacked(m, src, gu, 2, E, gu_rows, H, &L->experts_gate_up, err);
+    if (!rc) rc = ld_load_stacked(m, src, dn, 1, E, dn_rows, I, &L->experts_down, err);
+    return rc;
+}
+
 static kn_code load_experts(kn_model *m, const kn_tensor_source *src, const char *prefix, int l, kn_layer *L,
                             kn_error *err) {
     char gu_name[320];
+    if (find2(src, gu_name, sizeof gu_name, prefix, l, ".switch_mlp.gate_proj.weight")) {
+        kn_code rc = load_switch_experts(m, src, prefix, l, L, err);
+        if (!rc && (L->experts_gate_up.bits || L->experts_down.bits) && !m->be->moe_quantized_experts)
+            rc = kn_fail(err, KN_ERR_UNSUPPORTED,
+                         "layer %d: the %s backend has no kernels for MLX-quantized MoE experts yet; run this model "
+                         "with --backend cpu",
+                         l, m->be->vt->name);
+        return rc;
+    }
     const kn_st_tensor *gu = find2(src, gu_name, sizeof gu_name, prefix, l, ".experts.gate_up_proj");
     return gu ? load_fused_experts(m, src, gu, gu_name, prefix, l, L, err) : load_split_experts(m, src, prefix, l, L, err);
 }
@@ -147,10 +175,10 @@ kn_code kn_moe_load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_er
         return kn_fail(err, KN_ERR_FORMAT, "checkpoint is missing the MoE router tensor %s", name);
     }
     kn_code rc;
-    if ((rc = ld_check_float(router, name, err)) || (rc = ld_check_shape(router, name, c->n_experts, H, err)) ||
-        (rc = kn_be_weight_load(m->be, router->dtype, c->n_experts, H, router->data, src->outlives_model, &L->router,
-                                err)))
-        return rc;
+    char rfmt[200]; /* the router may be quantized too (mlx-lm keeps it at 8 bits in its MoE recipes) */
+    snprintf(rfmt, sizeof rfmt, "%s.gate.weight", prefix);
+    ld_part rp[] = {{rfmt, c->n_experts}};
+    if ((rc = ld_load_fused(m, src, l, rp, 1, H, NULL, &L->router, err))) return rc;
     L->is_moe = 1;
     rc = load_experts(m, src, prefix, l, L, err);
     if (rc || c->shared_expert_intermediate_size == 0) return rc;

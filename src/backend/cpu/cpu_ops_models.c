@@ -79,15 +79,34 @@ static inline float act_f(float g, int act) {
 }
 
 /* Rows [row0, row0 + rows) of a stacked weight, as a weight of its own. */
-static kn_weight weight_rows(const kn_weight *w, int64_t row0, int64_t rows) {
-    kn_weight s = *w;
-    s.data = (const uint8_t *)w->data + (size_t)row0 * (size_t)w->cols * kn_dtype_size(w->dtype);
-    s.rows = rows;
-    s.owned = 0;
-    return s;
-}
-
 #define MOE_CHUNK 64 /* weight rows per work item */
+
+/* out[t] = the token's expert outputs Y (rows in sorted-pair order) weighted
+ * and summed in ascending expert order (transformers' index_add order) */
+static void moe_combine(const kn_moe_args *a, const int32_t *rs, const int32_t *pair_of, const float *Y, int nt) {
+    const int n = a->n_tokens, D = a->dim, k = a->k;
+#pragma omp parallel for num_threads(nt) schedule(static) if (n > 1)
+    for (int t = 0; t < n; t++) {
+        float *o = a->out + (size_t)t * D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        int last = -1;
+        for (int s = 0; s < k; s++) {
+            int best = -1;
+            for (int j = 0; j < k; j++) {
+                int e = a->idx[t * k + j];
+                if (e > last && (best < 0 || e < a->idx[t * k + best])) best = j;
+            }
+            if (best < 0) break;
+            int e = a->idx[t * k + best], p = t * k + best;
+            last = e;
+            int q = rs[e];
+            while (pair_of[q] != p) q++; /* within expert e's run */
+            const float *y = Y + (size_t)q * D;
+            const float wt = a->w[p];
+            for (int d = 0; d < D; d++) o[d] += y[d] * wt;
+        }
+    }
+}
 
 /* Grouped by expert: the (token, slot) pairs are sorted by expert into
  * contiguous runs, each run's x rows gathered, and every phase is one
@@ -112,6 +131,23 @@ void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
     for (int e = 0; e < E; e++)
         if (rs[e + 1] > rs[e]) active[n_active++] = e;
     const int nt = be->n_threads;
+    if (a->gate_up->bits || a->down->bits) { /* MLX-quantized experts: each active expert's rows through matmul */
+        for (int q = 0; q < P; q++)
+            memcpy(X + (size_t)q * D, a->x + (size_t)(pair_of[q] / k) * D, (size_t)D * sizeof(float));
+        for (int i = 0; i < n_active; i++) {
+            const int e = active[i], r0 = rs[e], m = rs[e + 1] - r0;
+            const kn_weight gu = kn_weight_rows(a->gate_up, (int64_t)e * 2 * I, 2 * (int64_t)I);
+            const kn_weight dn = kn_weight_rows(a->down, (int64_t)e * D, D);
+            be->vt->matmul(be, X + (size_t)r0 * D, m, &gu, NULL, G + (size_t)r0 * 2 * I);
+            for (int q = r0; q < r0 + m; q++) {
+                const float *g = G + (size_t)q * 2 * I;
+                for (int j = 0; j < I; j++) A[(size_t)q * I + j] = act_f(g[j], a->act) * g[I + j];
+            }
+            be->vt->matmul(be, A + (size_t)r0 * I, m, &dn, NULL, Y + (size_t)r0 * D);
+        }
+        moe_combine(a, rs, pair_of, Y, nt);
+        return;
+    }
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
@@ -122,7 +158,7 @@ void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
         for (int it = 0; it < n_active * c1; it++) {
             int e = active[it / c1], c = it % c1, r0 = rs[e], m = rs[e + 1] - r0;
             int64_t n0 = (int64_t)c * MOE_CHUNK, n1 = n0 + MOE_CHUNK < 2 * I ? n0 + MOE_CHUNK : 2 * I;
-            kn_weight gu = weight_rows(a->gate_up, (int64_t)e * 2 * I, 2 * (int64_t)I);
+            kn_weight gu = kn_weight_rows(a->gate_up, (int64_t)e * 2 * I, 2 * (int64_t)I);
             kr->gemv(X + (size_t)r0 * D, m, &gu, NULL, G + (size_t)r0 * 2 * I, n0, n1);
         }
 #pragma omp for schedule(static)
@@ -135,32 +171,11 @@ void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
         for (int it = 0; it < n_active * c2; it++) {
             int e = active[it / c2], c = it % c2, r0 = rs[e], m = rs[e + 1] - r0;
             int64_t n0 = (int64_t)c * MOE_CHUNK, n1 = n0 + MOE_CHUNK < D ? n0 + MOE_CHUNK : D;
-            kn_weight dn = weight_rows(a->down, (int64_t)e * D, D);
+            kn_weight dn = kn_weight_rows(a->down, (int64_t)e * D, D);
             kr->gemv(A + (size_t)r0 * I, m, &dn, NULL, Y + (size_t)r0 * D, n0, n1);
         }
-        /* per token, its slots in ascending expert order (transformers' index_add order) */
-#pragma omp for schedule(static)
-        for (int t = 0; t < n; t++) {
-            float *o = a->out + (size_t)t * D;
-            memset(o, 0, (size_t)D * sizeof(float));
-            int last = -1;
-            for (int s = 0; s < k; s++) {
-                int best = -1;
-                for (int j = 0; j < k; j++) {
-                    int e = a->idx[t * k + j];
-                    if (e > last && (best < 0 || e < a->idx[t * k + best])) best = j;
-                }
-                if (best < 0) break;
-                int e = a->idx[t * k + best], p = t * k + best;
-                last = e;
-                int q = rs[e];
-                while (pair_of[q] != p) q++; /* within expert e's run */
-                const float *y = Y + (size_t)q * D;
-                const float wt = a->w[p];
-                for (int d = 0; d < D; d++) o[d] += y[d] * wt;
-            }
-        }
     }
+    moe_combine(a, rs, pair_of, Y, nt);
 }
 
 /* ---- gemma3n ---- */

@@ -188,7 +188,8 @@ static int write_dequantized(const char *qdir, const char *out, int gs) {
         sc[nd] = kn_st_find(st, name);
         snprintf(name, sizeof name, "%.*s.biases", (int)(len - 7), t->name);
         bi[nd] = kn_st_find(st, name);
-        if (t->dtype == KN_DT_U32 && sc[nd] && bi[nd]) d[nd].dtype = KN_DT_F32, d[nd].shape[1] = sc[nd]->shape[1] * gs;
+        if (t->dtype == KN_DT_U32 && sc[nd] && bi[nd]) /* [..., cols*bits/32] -> [..., cols] (switch_mlp: 3-D) */
+            d[nd].dtype = KN_DT_F32, d[nd].shape[t->ndim - 1] = sc[nd]->shape[t->ndim - 1] * gs;
         nd++;
     }
     mkdir(out, 0777);
@@ -201,7 +202,10 @@ static int write_dequantized(const char *qdir, const char *out, int gs) {
             rc = kn_st_writer_put(w, q[i]->data, q[i]->nbytes, &err) ? -1 : 0;
             continue;
         }
-        const int64_t rows = d[i].shape[0], cols = d[i].shape[1], G = cols / gs, words = q[i]->shape[1];
+        const int last = d[i].ndim - 1;
+        const int64_t cols = d[i].shape[last], G = cols / gs, words = q[i]->shape[last];
+        int64_t rows = 1;
+        for (int a = 0; a < last; a++) rows *= d[i].shape[a];
         const int bits = (int)(words * 32 / cols); /* per tensor: mixed recipes differ */
         float *f = malloc((size_t)(rows * cols) * 4), *s = malloc((size_t)G * 4), *b = malloc((size_t)G * 4);
         for (int64_t r = 0; r < rows; r++) {
@@ -332,6 +336,109 @@ static void check_fixture(const char *name, int bits, int gs, const char *mixed,
     CHECK(system(cmd) == 0, "cleanup %s", tmp);
 }
 
+/* The qwen3_moe fixture with its experts widened to an intermediate size of
+ * 64 (fresh random weights), so that every expert projection, down included,
+ * is quantized: the quantized model must match its dequantized-f32 copy. */
+static void check_wide_moe(int bits, int gs) {
+    char src[1024], tmpl[] = "/tmp/kiln_qmoe_XXXXXX", wdir[1100], qdir[1100], ddir[1100], path[1200];
+    snprintf(src, sizeof src, "%s/qwen3_moe", kn_test_fixtures());
+    char *tmp = mkdtemp(tmpl);
+    reference ref;
+    if (!tmp || load_reference(src, &ref)) {
+        CHECK(0, "wide MoE: no temp dir or reference");
+        return;
+    }
+    snprintf(wdir, sizeof wdir, "%s/w", tmp), snprintf(qdir, sizeof qdir, "%s/q", tmp);
+    snprintf(ddir, sizeof ddir, "%s/d", tmp);
+    mkdir(wdir, 0777);
+    const int64_t inter = 64;
+    kn_error err = {0};
+    kn_safetensors *st;
+    if (kn_st_open(src, &st, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    const size_t n = kn_st_count(st);
+    kn_stw_desc *d = calloc(n, sizeof *d);
+    for (size_t i = 0; i < n; i++) {
+        const kn_st_tensor *t = kn_st_at(st, i);
+        d[i] = (kn_stw_desc){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+        memcpy(d[i].shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        if (strstr(t->name, ".experts.")) {
+            if (strstr(t->name, "down_proj")) d[i].shape[1] = inter;
+            else d[i].shape[0] = inter;
+        }
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", wdir);
+    kn_st_writer *w;
+    int rc = kn_st_writer_open(path, d, n, NULL, &w, &err) ? -1 : 0;
+    uint64_t wseed = 77;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const kn_st_tensor *t = kn_st_at(st, i);
+        if (!strstr(t->name, ".experts.")) {
+            rc = kn_st_writer_put(w, t->data, t->nbytes, &err) ? -1 : 0;
+            continue;
+        }
+        const size_t cnt = (size_t)(d[i].shape[0] * d[i].shape[1]);
+        float *v = malloc(cnt * 4);
+        for (size_t j = 0; j < cnt; j++) v[j] = 0.14f * kn_test_rand(&wseed); /* std ~0.08, like the fixtures */
+        rc = kn_st_writer_put(w, v, cnt * 4, &err) ? -1 : 0;
+        free(v);
+    }
+    if (!rc) rc = kn_st_writer_close(w, &err) ? -1 : 0;
+    else kn_st_writer_abort(w);
+    kn_st_close(st);
+    free(d);
+    CHECK(!rc, "writing %s: %s", path, err.msg);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_error_t je;
+    json_t *cfg = json_load_file(path, 0, &je);
+    json_object_set_new(cfg, "moe_intermediate_size", json_integer(inter));
+    snprintf(path, sizeof path, "%s/config.json", wdir);
+    CHECK(cfg && json_dump_file(cfg, path, JSON_INDENT(1)) == 0, "writing %s", path);
+    json_decref(cfg);
+    kn_quantize_opts o = {.bits = bits, .group_size = gs};
+    kn_quantize_stats stats;
+    CHECK(kn_quantize_checkpoint(wdir, qdir, &o, &stats, &err) == KN_OK, "quantize wide MoE: %s", err.msg);
+    kn_safetensors *qs;
+    if (!kn_st_open(qdir, &qs, &err)) { /* down_proj now a quantized stack */
+        const kn_st_tensor *dn = kn_st_find(qs, "model.layers.0.mlp.switch_mlp.down_proj.scales");
+        CHECK(dn && dn->ndim == 3 && dn->shape[0] == 4 && dn->shape[1] == 64 && dn->shape[2] == inter / gs,
+              "wide MoE: no quantized switch_mlp.down_proj stack");
+        kn_st_close(qs);
+    }
+    const int n_ids = ref.n_ids;
+    kn_model *qm = open_model(qdir), *wm = open_model(wdir), *dm = NULL;
+    if (!write_dequantized(qdir, ddir, gs)) dm = open_model(ddir);
+    if (qm && wm && dm) {
+        const int V = kn_model_vocab_size(qm);
+        float *lq = malloc((size_t)n_ids * V * 4), *lw = malloc((size_t)n_ids * V * 4), *ld = malloc((size_t)n_ids * V * 4);
+        CHECK(!kn_model_logits(qm, ref.ids, n_ids, lq, &err) && !kn_model_logits(wm, ref.ids, n_ids, lw, &err) &&
+                  !kn_model_logits(dm, ref.ids, n_ids, ld, &err),
+              "wide MoE logits: %s", err.msg);
+        double maxe = 0, scale = 0;
+        for (size_t i = 0; i < (size_t)n_ids * V; i++) {
+            const double dd = fabs((double)lq[i] - ld[i]);
+            maxe = dd > maxe || isnan(dd) ? dd : maxe;
+            scale = fabs(ld[i]) > scale ? fabs(ld[i]) : scale;
+        }
+        const double kl = kn_test_mean_kl(lw, lq, n_ids, V);
+        const double bound = qm->be->quant_x_rel_error > 0 ? 5e-4 : 1e-4;
+        CHECK(maxe <= bound * scale, "wide MoE %d-bit g%d: quantized vs dequantized-f32 max |d| %.3g > %g x %.3g", bits,
+              gs, maxe, bound, scale);
+        CHECK(kl <= (bits == 8 ? 2e-3 : 5e-2), "wide MoE %d-bit g%d: mean KL vs its fp32 model %.3g", bits, gs, kl);
+        printf("qwen3_moe (experts widened to %lld) %d-bit g%d: KL vs fp32 %.2e, vs dequantized f32 %.1e rel\n",
+               (long long)inter, bits, gs, kl, maxe / (scale > 0 ? scale : 1));
+        free(lq), free(lw), free(ld);
+    }
+    if (qm) kn_model_close(qm);
+    if (wm) kn_model_close(wm);
+    if (dm) kn_model_close(dm);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK(system(cmd) == 0, "cleanup %s", tmp);
+}
+
 int main(void) {
     const char *be_name = getenv("KILN_TEST_BACKEND");
     if (be_name) { /* a backend that cannot start here (no GPU) is a skip, said out loud */
@@ -369,5 +476,14 @@ int main(void) {
     check_fixture("llama", 6, 64, NULL, 1e-2);
     check_fixture("qwen3", 4, 64, "mixed_3_6", 0.3);
     check_fixture("llama", 4, 64, "mixed_4_6", 5e-2);
+    /* MoE: per-expert weights written as mlx-lm's switch_mlp stacks (quantized where the columns split into
+     * groups: gate/up here, down stays a float stack at these tiny widths); quantized experts run on the CPU */
+    if (!be_name || !strcmp(be_name, "cpu")) {
+        check_fixture("qwen3_moe", 8, 32, NULL, 2e-3);
+        check_fixture("mixtral", 4, 32, NULL, 5e-2);
+        check_fixture("qwen2_moe", 4, 64, "mixed_4_6", 5e-2);
+        check_wide_moe(4, 32);
+        check_wide_moe(8, 64);
+    }
     return kn_test_done("test_quant");
 }

@@ -889,7 +889,9 @@ static double act_ref(double g, int act) {
     return gelu_ref(g, act == KN_ACT_GELU_TANH ? KN_GELU_TANH : KN_GELU_ERF);
 }
 
-static void test_moe_ffn(kn_dtype dt, int n, int E, int k, int dim, int inter, int act) {
+/* bits > 0: MLX-quantized expert stacks (scales/biases in dt; a stack whose
+ * columns do not split into groups of gs stays float, as switch_mlp keeps it) */
+static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter, int act, int bits, int gs) {
     size_t esz = kn_dtype_size(dt);
     int64_t ngu = (int64_t)E * 2 * inter * dim, ndn = (int64_t)E * dim * inter;
     void *gu_raw = malloc((size_t)ngu * esz), *dn_raw = malloc((size_t)ndn * esz);
@@ -905,8 +907,22 @@ static void test_moe_ffn(kn_dtype dt, int n, int E, int k, int dim, int inter, i
     }
     kn_weight gu, dn;
     kn_error err = {0};
-    CHECK(kn_be_weight_load(be, dt, E * 2 * inter, dim, gu_raw, 0, &gu, &err) == KN_OK, "%s", err.msg);
-    CHECK(kn_be_weight_load(be, dt, E * dim, inter, dn_raw, 0, &dn, &err) == KN_OK, "%s", err.msg);
+    const int q_gu = bits && dim % gs == 0, q_dn = bits && inter % gs == 0;
+    for (int which = 0; which < 2; which++) {
+        const int64_t rows = which ? (int64_t)E * dim : (int64_t)E * 2 * inter, cols = which ? inter : dim;
+        kn_weight *dst = which ? &dn : &gu;
+        if (which ? q_dn : q_gu) { /* the float reference becomes the dequantized values */
+            double *wd = malloc((size_t)(rows * cols) * sizeof(double));
+            kn_quant_host h;
+            quant_random(bits, gs, (int)rows, (int)cols, dt, wd, &h);
+            for (int64_t i = 0; i < rows * cols; i++) (which ? dnf : guf)[i] = (float)wd[i];
+            CHECK(kn_be_weight_load_quant(be, &h, dst, &err) == KN_OK, "%s", err.msg);
+            quant_host_free(&h);
+            free(wd);
+        } else {
+            CHECK(kn_be_weight_load(be, dt, rows, cols, which ? dn_raw : gu_raw, 0, dst, &err) == KN_OK, "%s", err.msg);
+        }
+    }
     float *x = malloc((size_t)n * dim * 4), *w = malloc((size_t)n * k * 4), *out = malloc((size_t)n * dim * 4);
     int32_t *idx = malloc((size_t)n * k * 4);
     fill(x, (int64_t)n * dim, 1.0f);
@@ -945,9 +961,10 @@ static void test_moe_ffn(kn_dtype dt, int n, int E, int k, int dim, int inter, i
                 ref += w[t * k + j] * y;
                 mag += fabs(w[t * k + j] * y) + 1.0;
             }
-            if (!close_to(out[t * dim + d], ref, mag, 1e-5)) {
-                CHECK(0, "moe_ffn %s n=%d E=%d k=%d dim=%d inter=%d act=%d [%d,%d]: got %g want %g", kn_dtype_name(dt), n,
-                      E, k, dim, inter, act, t, d, out[t * dim + d], ref);
+            /* quantized: x may be carried to quant_x_rel_error of its group's max (CPU VNNI) */
+            if (!close_to(out[t * dim + d], ref, mag, bits && be->quant_x_rel_error > 0 ? 1e-3 : 1e-5)) {
+                CHECK(0, "moe_ffn %s q%d n=%d E=%d k=%d dim=%d inter=%d act=%d [%d,%d]: got %g want %g",
+                      kn_dtype_name(dt), bits, n, E, k, dim, inter, act, t, d, out[t * dim + d], ref);
                 t = n;
                 break;
             }
@@ -955,6 +972,10 @@ static void test_moe_ffn(kn_dtype dt, int n, int E, int k, int dim, int inter, i
     }
     kn_be_weight_free(be, &gu), kn_be_weight_free(be, &dn);
     free(gu_raw), free(dn_raw), free(guf), free(dnf), free(x), free(w), free(out), free(idx), free(h);
+}
+
+static void test_moe_ffn(kn_dtype dt, int n, int E, int k, int dim, int inter, int act) {
+    test_moe_ffn_q(dt, n, E, k, dim, inter, act, 0, 0);
 }
 
 /* whisper: im2col_1d in both input layouts ([c, t] mel and [t, c] rows) */
@@ -1110,6 +1131,12 @@ int main(void) {
     /* decode at real widths (CUDA: the fused gate/up and down+combine kernels, several pieces per lane) */
     test_moe_ffn(KN_DT_BF16, 1, 16, 8, 2048, 768, KN_ACT_SILU);
     test_moe_ffn(KN_DT_F16, 1, 12, 5, 520, 264, KN_ACT_GELU_TANH);
+    if (be->moe_quantized_experts) { /* MLX-quantized stacks: decode, prefill, a float down stack beside them */
+        test_moe_ffn_q(KN_DT_BF16, 1, 8, 2, 128, 64, KN_ACT_SILU, 4, 64);
+        test_moe_ffn_q(KN_DT_F16, 7, 6, 3, 96, 64, KN_ACT_SILU, 8, 32);
+        test_moe_ffn_q(KN_DT_F32, 5, 4, 2, 64, 16, KN_ACT_GELU_TANH, 4, 32);
+        test_moe_ffn_q(KN_DT_BF16, 3, 4, 2, 64, 32, KN_ACT_SILU, 2, 32);
+    }
     /* whisper: conv1 (k 3, s 1, p 1) over a [c, t] mel, conv2 (s 2) over rows */
     test_im2col(30, 8, 3, 1, 1, 1);
     test_im2col(31, 5, 3, 2, 1, 0);

@@ -477,13 +477,11 @@ int main(void) {
     check_fixture("qwen3", 4, 64, "mixed_3_6", 0.3);
     check_fixture("llama", 4, 64, "mixed_4_6", 5e-2);
     /* MoE: per-expert weights written as mlx-lm's switch_mlp stacks (quantized where the columns split into
-     * groups: gate/up here, down stays a float stack at these tiny widths); quantized experts run on the CPU */
-    if (!be_name || !strcmp(be_name, "cpu")) {
-        check_fixture("qwen3_moe", 8, 32, NULL, 2e-3);
-        check_fixture("mixtral", 4, 32, NULL, 5e-2);
-        check_fixture("qwen2_moe", 4, 64, "mixed_4_6", 5e-2);
-        check_wide_moe(4, 32);
-        check_wide_moe(8, 64);
-    }
+     * groups: gate/up here, down stays a float stack at these tiny widths) */
+    check_fixture("qwen3_moe", 8, 32, NULL, 2e-3);
+    check_fixture("mixtral", 4, 32, NULL, 5e-2);
+    check_fixture("qwen2_moe", 4, 64, "mixed_4_6", 5e-2);
+    check_wide_moe(4, 32);
+    check_wide_moe(8, 64);
     return kn_test_done("test_quant");
 }

@@ -562,6 +562,7 @@ extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_er
     c->base.max_positions = 0; /* flash attention: any context length */
     c->base.matmul_x_rounding_min_rows = KN_CUDA_GEMV_MAX_M + 1;
     c->base.quant_x_rel_error = 1.0 / 32512; /* kn_cuda_qgemv: x as two int8 terms per group */
+    c->base.moe_quantized_experts = 1;       /* cuda_moe_decode.cu */
     c->base.prefill_chunk = 2048; /* M = 2048 GEMMs: two full waves of 128x256 tiles at N = 4096 */
     cudaGetDevice(&c->device);
     cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device);

@@ -153,9 +153,10 @@ static inline cudaError_t kn_cuda_launch(kn_backend *be, void (*k)(KArgs...), di
 #define KN_CUDA_GEMV_MAX_M 2
 int kn_cuda_gemv(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                  int accumulate, const float *norm_w, float eps, int epi);
-/* Routed experts for one token (cuda_moe_decode.cu): gate/up with the
- * activation fused, down with the weighted combine fused. Returns 0, having
- * enqueued nothing, where it does not apply. */
+/* Routed experts token by token (cuda_moe_decode.cu): gate/up with the
+ * activation fused, down with the weighted combine fused; bf16/f16 stacks for
+ * one token, MLX-quantized stacks for any number. Returns 0, having enqueued
+ * nothing, where it does not apply. */
 int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a);
 /* The same for MLX affine 4/8-bit weights (cuda_qgemv.cu): x carried as two
  * int8 terms per group (error <= 1/32512 of the group's max |x|). */

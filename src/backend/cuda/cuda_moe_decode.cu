@@ -1,6 +1,8 @@
-/* cuda_moe_decode.cu — the routed experts of one MoE layer for a single
- * token (batch-1 decode), in two kernels that keep many weight loads in
- * flight and read only the k selected experts:
+/* cuda_moe_decode.cu — the routed experts of one MoE layer token by token,
+ * reading only the k selected experts of each token.
+ *
+ * bf16/f16 experts, one token (batch-1 decode): two kernels that keep many
+ * weight loads in flight:
  *
  *   k_moe_gate_up: one warp per (slot, intermediate row r) streams the
  *     expert's gate row r and up row inter + r together, 16-byte pieces, 8
@@ -10,8 +12,12 @@
  *     and sums w_j * (down_j . a_j) over the slots in ascending expert id,
  *     as kn_moe_args specifies, writing out[d]: the combine step is fused.
  *
- * Weights bf16/f16 with rows 16-byte aligned; other cases decline (the
- * generic path of cuda_ops_models.cu runs). */
+ * MLX-quantized experts (any number of tokens; correct-first): the same
+ * two-kernel shape over (token, slot) with each row dequantized word by word
+ * in float32 (scale * q + bias, as base/quant.h defines), so results match
+ * the dequantized float32 experts up to summation order.
+ *
+ * Other cases decline (the generic path of cuda_ops_models.cu runs). */
 #include <stdint.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -140,8 +146,96 @@ static void moe_decode_dt(cudaStream_t st, const kn_moe_args *a, float *A) {
         A, (const uint16_t *)a->down->data, a->dim, a->inter, a->idx, a->w, a->k, a->out);
 }
 
+/* an expert stack as the token-by-token kernels read it: MLX-quantized
+ * (bits > 0: codes, scales/biases in sbdt) or float (dt) */
+struct mq_w {
+    const void *data, *sc, *bi;
+    int sbdt, bits, gs, dt;
+};
+static mq_w mq_of(const kn_weight *w) {
+    return mq_w{w->data, w->scales, w->biases, (int)w->sb_dtype, w->bits, w->group_size, (int)w->dtype};
+}
+
+/* dot of row `row` of w with x[0, K), reduced over the warp */
+__device__ __forceinline__ float mq_dot(const mq_w &w, int64_t row, int64_t K, const float *__restrict__ x,
+                                        int lane) {
+    float acc = 0.0f;
+    if (!w.bits) {
+        for (int64_t c = lane; c < K; c += 32) acc += kn_cuda_load_w(w.data, row * K + c, w.dt) * __ldg(x + c);
+    } else {
+        const int per = 32 / w.bits;
+        const uint32_t mask = (1u << w.bits) - 1u;
+        const int64_t words = K / per, G = K / w.gs;
+        const uint32_t *r = (const uint32_t *)w.data + row * words;
+        for (int64_t w0 = lane; w0 < words; w0 += 32 * 4) {
+            uint32_t v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) v[u] = w0 + 32 * u < words ? __ldcs(r + w0 + 32 * u) : 0u;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int64_t wi = w0 + 32 * u;
+                if (wi >= words) break;
+                const int64_t c0 = wi * per, g = row * G + c0 / w.gs;
+                const float s = kn_cuda_load_w(w.sc, g, w.sbdt), b = kn_cuda_load_w(w.bi, g, w.sbdt);
+                for (int i = 0; i < per; i++)
+                    acc += (s * (float)((v[u] >> (w.bits * i)) & mask) + b) * __ldg(x + c0 + i);
+            }
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    return acc;
+}
+
+/* A[p, r] = act(gate . x_t) * (up . x_t), pair p = t * k + j; grid (inter / 8, k, n) */
+__global__ void __launch_bounds__(MD_WARPS * 32)
+    k_moe_gate_up_q(const float *__restrict__ x, mq_w w, int dim, int inter, int k, const int32_t *__restrict__ idx,
+                    int act, float *__restrict__ A) {
+    const int lane = threadIdx.x & 31, j = blockIdx.y, t = blockIdx.z;
+    const int r = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
+    if (r >= inter) return;
+    const int64_t p = (int64_t)t * k + j, e = idx[p], g = e * 2 * inter + r;
+    const float *xt = x + (int64_t)t * dim;
+    const float ag = mq_dot(w, g, dim, xt, lane), au = mq_dot(w, g + inter, dim, xt, lane);
+    if (lane == 0) A[p * inter + r] = md_act(ag, act) * au;
+}
+
+/* out[t, d] = sum over t's slots in ascending expert id of wt * (down_e[d] . A[p]); grid (dim / 8, n) */
+__global__ void __launch_bounds__(MD_WARPS * 32)
+    k_moe_down_q(const float *__restrict__ A, mq_w w, int dim, int inter, const int32_t *__restrict__ idx,
+                 const float *__restrict__ wt, int k, float *__restrict__ out) {
+    const int lane = threadIdx.x & 31, t = blockIdx.y;
+    const int d = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
+    if (d >= dim) return;
+    const int32_t *it = idx + (int64_t)t * k;
+    float acc = 0.0f;
+    int last = -1;
+    for (int s = 0; s < k; s++) { /* next slot in ascending expert id */
+        int best = -1;
+        for (int j = 0; j < k; j++)
+            if (it[j] > last && (best < 0 || it[j] < it[best])) best = j;
+        if (best < 0) break;
+        last = it[best];
+        const int64_t p = (int64_t)t * k + best;
+        acc += mq_dot(w, (int64_t)last * dim + d, inter, A + p * inter, lane) * wt[p];
+    }
+    if (lane == 0) out[(int64_t)t * dim + d] = acc;
+}
+
+/* any mix of quantized and float stacks (switch_mlp keeps a projection float
+ * when its columns do not split into groups) */
+static int moe_quant(kn_backend *be, const kn_moe_args *a) {
+    cudaStream_t st = kn_cuda_stream(be);
+    float *A = a->scratch; /* [n * k, inter] */
+    dim3 g1((unsigned)((a->inter + MD_WARPS - 1) / MD_WARPS), (unsigned)a->k, (unsigned)a->n_tokens);
+    k_moe_gate_up_q<<<g1, MD_WARPS * 32, 0, st>>>(a->x, mq_of(a->gate_up), a->dim, a->inter, a->k, a->idx, a->act, A);
+    dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS), (unsigned)a->n_tokens);
+    k_moe_down_q<<<g2, MD_WARPS * 32, 0, st>>>(A, mq_of(a->down), a->dim, a->inter, a->idx, a->w, a->k, a->out);
+    return 1;
+}
+
 int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a) {
     const kn_weight *gu = a->gate_up, *dn = a->down;
+    if (gu->bits || dn->bits) return moe_quant(be, a);
     if (a->n_tokens != 1 || a->k < 1 || a->k > MD_MAXK || gu->bits || dn->bits || gu->dtype != dn->dtype ||
         (gu->dtype != KN_DT_BF16 && gu->dtype != KN_DT_F16))
         return 0;

@@ -11,10 +11,12 @@
  *   sum x * (s q + b) ~= s * d * sum q (256 h + l) + b * sum x
  * where the integer sum is exact and sum x is the float sum of x itself.
  *
- * Every block quantizes x into shared memory (the RMSNorm prologue, when
- * fused, is applied first), then each of its 8 warps computes 2 weight rows:
- * lane j streams 16-byte pieces j, j + 32, ... of both rows (32 4-bit or 16
- * 8-bit codes, always inside one group), 4 pieces per row in flight. For
+ * A persistent grid (as many blocks as fit at once): every block quantizes x
+ * into shared memory once (the RMSNorm prologue, when fused, is applied
+ * first), then each of its 8 warps streams sets of 2 weight rows: lane j
+ * takes 16-byte pieces j, j + 32, ... of both rows (32 4-bit or 16 8-bit
+ * codes, always inside one group), U per row per chunk, the next chunk's
+ * loads issued before the current chunk is computed. For
  * 4-bit codes the x bytes are stored in the order the nibble split produces
  * (per 8 elements: 0 2 4 6 | 1 3 5 7), so one `and` and one shift per word
  * feed two dp4a. Partial sums meet in a warp reduction; the SwiGLU epilogue
@@ -23,11 +25,11 @@
  * Launched as a programmatic dependent launch: the first weight loads go out
  * before the wait on the previous kernel (weights are immutable). */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
 
 #define QG_WARPS 8
-#define QG_U 4                  /* pieces per row in flight per lane */
 #define QG_RW 2                 /* weight rows per warp */
 #define QG_MAX_SMEM (160 << 10)
 
@@ -185,130 +187,193 @@ __device__ __forceinline__ int qg_piece_dot(uint4 w, const uint4 *xh, const uint
     return ih * 256 + il;
 }
 
+/* The loads of one chunk of a warp's stream: U pieces of each of its RW rows
+ * (codes, and the raw bits of their groups' scale and bias). */
+template <int U>
+struct qg_chunk {
+    uint4 q[U][QG_RW];
+    uint32_t s[U][QG_RW], b[U][QG_RW];
+};
+
+/* The warp's stream: column sets set0, set0 + stride, ... (a set = C output
+ * columns = RW weight rows), each in NCH chunks of 32 * U pieces per row. */
+struct qg_stream {
+    int64_t set0, stride, n_sets, N, P, G;
+    int nch, gs, sbdt;
+};
+
+template <int BITS, int U, int NR>
+__device__ __forceinline__ void qg_load(const qg_stream &st, int64_t f, int lane, const uint4 *__restrict__ q,
+                                        const void *__restrict__ scales, const void *__restrict__ biases,
+                                        qg_chunk<U> &c) {
+    constexpr int C = QG_RW / NR, E = 128 / BITS;
+    const int64_t set = st.set0 + (f / st.nch) * st.stride;
+    const int i = (int)(f % st.nch);
+#pragma unroll
+    for (int r = 0; r < QG_RW; r++) {
+        const int64_t n = set * C + r / NR < st.N ? set * C + r / NR : st.N - 1; /* past N: read, dropped */
+        const int64_t row = (r % NR) ? n + st.N : n;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t j = lane + 32 * ((int64_t)U * i + u);
+            if (j < st.P) {
+                const int64_t gi = row * st.G + j * E / st.gs;
+                c.q[u][r] = __ldcs(q + row * st.P + j);
+                c.s[u][r] = sb_raw(scales, st.sbdt, gi), c.b[u][r] = sb_raw(biases, st.sbdt, gi);
+            }
+        }
+    }
+}
+
+/* chunk f into acc; after a set's last chunk, the warp's sums are reduced and
+ * lane 0 writes the set's outputs */
+template <int BITS, int M, int EPI, int U>
+__device__ __forceinline__ void qg_compute(const qg_stream &st, int64_t f, int lane, const qg_chunk<U> &c,
+                                           const qg_smem &s, int64_t K, float (*acc)[M], const float *__restrict__ bias,
+                                           float *__restrict__ out, int accumulate) {
+    constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR, E = 128 / BITS;
+    const int i = (int)(f % st.nch);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t j = lane + 32 * ((int64_t)U * i + u);
+        if (j >= st.P) break;
+        const int64_t k0 = j * E, g = k0 / st.gs;
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const int64_t o = (int64_t)m * K + k0;
+            const float d = s.xd[(int64_t)m * st.G + g];
+            float sx = s.xs[o / 16];
+            if (BITS == 4) sx += s.xs[o / 16 + 1];
+#pragma unroll
+            for (int r = 0; r < QG_RW; r++) {
+                const int dot = qg_piece_dot<BITS>(c.q[u][r], (const uint4 *)(s.xh + o), (const uint4 *)(s.xl + o));
+                acc[r][m] += sb_val(c.s[u][r], st.sbdt) * (d * (float)dot) + sb_val(c.b[u][r], st.sbdt) * sx;
+            }
+        }
+    }
+    if (i != st.nch - 1) return;
+#pragma unroll
+    for (int r = 0; r < QG_RW; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+    const int64_t set = st.set0 + (f / st.nch) * st.stride;
+    if (lane == 0)
+#pragma unroll
+        for (int cc = 0; cc < C; cc++) {
+            const int64_t n = set * C + cc;
+            if (n >= st.N) break;
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                if (EPI == KN_EPI_SWIGLU) {
+                    const float gt = acc[cc * NR][m] + (bias ? bias[n] : 0.0f);
+                    const float up = acc[cc * NR + NR - 1][m] + (bias ? bias[n + st.N] : 0.0f);
+                    out[(int64_t)m * st.N + n] = gt / (1.0f + expf(-gt)) * up;
+                } else {
+                    const float v = acc[cc][m] + (bias ? bias[n] : 0.0f);
+                    float *dst = out + (int64_t)m * st.N + n;
+                    *dst = accumulate ? *dst + v : v;
+                }
+            }
+        }
+#pragma unroll
+    for (int r = 0; r < QG_RW; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
+}
+
 /* N output columns (SwiGLU: half of W's rows); K a multiple of gs, gs a
- * multiple of 32 (4-bit) or 16 (8-bit) and at most 512. */
-template <int BITS, int M, int NORM, int EPI>
+ * multiple of 32 (4-bit) or 16 (8-bit) and at most 512. A persistent grid:
+ * each warp streams its column sets chunk by chunk, the next chunk's loads
+ * in flight while the current one is computed, so the block's x prologue is
+ * paid once and the loads never stop. */
+template <int BITS, int M, int NORM, int EPI, int U>
 __global__ void __launch_bounds__(QG_WARPS * 32)
     k_qgemv(const float *__restrict__ x, const uint4 *__restrict__ q, const void *__restrict__ scales,
             const void *__restrict__ biases, int sbdt, int64_t N, int64_t K, int gs, const float *__restrict__ bias,
             float *__restrict__ out, int accumulate, const float *__restrict__ norm_w, float eps) {
     extern __shared__ float4 qg_dyn[];
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1; /* weight rows per output column */
-    constexpr int C = QG_RW / NR;                    /* output columns per warp */
+    constexpr int C = QG_RW / NR;                    /* output columns per set */
     constexpr int E = 128 / BITS;                    /* codes per 16-byte piece */
-    constexpr int U = QG_U;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t n0 = ((int64_t)blockIdx.x * QG_WARPS + warp) * C;
-    const int64_t P = K / E, G = K / gs; /* pieces and groups per row */
-    int64_t row[QG_RW];                  /* columns past N read column N - 1; their sums are dropped */
-#pragma unroll
-    for (int c = 0; c < C; c++)
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            const int64_t col = n0 + c < N ? n0 + c : N - 1;
-            row[c * NR + r] = r == 0 ? col : col + N;
-        }
+    qg_stream st;
+    st.N = N, st.P = K / E, st.G = K / gs, st.gs = gs, st.sbdt = sbdt;
+    st.nch = (int)((st.P + 32 * U - 1) / (32 * U));
+    st.n_sets = (N + C - 1) / C;
+    st.set0 = (int64_t)blockIdx.x * QG_WARPS + warp, st.stride = (int64_t)gridDim.x * QG_WARPS;
+    const int64_t my_sets = st.set0 < st.n_sets ? (st.n_sets - st.set0 + st.stride - 1) / st.stride : 0;
+    const int64_t total = my_sets * st.nch;
     kn_pdl_trigger();
 
-    uint4 raw[U][QG_RW];
-    uint32_t sraw[U][QG_RW], braw[U][QG_RW];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-#pragma unroll
-        for (int r = 0; r < QG_RW; r++) {
-            const int64_t j = lane + 32 * u;
-            if (j < P) {
-                const int64_t gi = row[r] * G + j * E / gs;
-                raw[u][r] = __ldcs(q + row[r] * P + j);
-                sraw[u][r] = sb_raw(scales, sbdt, gi), braw[u][r] = sb_raw(biases, sbdt, gi);
-            }
-        }
+    qg_chunk<U> ca, cb;
+    if (total > 0) qg_load<BITS, U, NR>(st, 0, lane, q, scales, biases, ca); /* before the wait: weights only */
     kn_pdl_wait();
     const qg_smem s = qg_layout(qg_dyn, M, K, gs);
     qg_quantize_x<BITS, M, NORM>(x, K, gs, norm_w, eps, s);
-    if (n0 >= N) return; /* after the block's last barrier */
 
     float acc[QG_RW][M];
 #pragma unroll
     for (int r = 0; r < QG_RW; r++)
 #pragma unroll
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
-    for (int64_t j0 = lane; j0 < P; j0 += 32 * U) {
-        if (j0 != lane)
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int r = 0; r < QG_RW; r++) {
-                    const int64_t j = j0 + 32 * u;
-                    if (j < P) {
-                        const int64_t gi = row[r] * G + j * E / gs;
-                        raw[u][r] = __ldcs(q + row[r] * P + j);
-                        sraw[u][r] = sb_raw(scales, sbdt, gi), braw[u][r] = sb_raw(biases, sbdt, gi);
-                    }
-                }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t j = j0 + 32 * u;
-            if (j >= P) break;
-            const int64_t k0 = j * E, g = k0 / gs;
-#pragma unroll
-            for (int m = 0; m < M; m++) {
-                const int64_t o = (int64_t)m * K + k0;
-                const float d = s.xd[(int64_t)m * G + g];
-                float sx = s.xs[o / 16];
-                if (BITS == 4) sx += s.xs[o / 16 + 1];
-#pragma unroll
-                for (int r = 0; r < QG_RW; r++) {
-                    const int dot = qg_piece_dot<BITS>(raw[u][r], (const uint4 *)(s.xh + o), (const uint4 *)(s.xl + o));
-                    acc[r][m] += sb_val(sraw[u][r], sbdt) * (d * (float)dot) + sb_val(braw[u][r], sbdt) * sx;
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < QG_RW; r++)
-#pragma unroll
-        for (int m = 0; m < M; m++)
-            for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
-    if (lane != 0) return;
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-        const int64_t n = n0 + c;
-        if (n >= N) break;
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            if (EPI == KN_EPI_SWIGLU) {
-                const float gt = acc[c * NR][m] + (bias ? bias[n] : 0.0f);
-                const float up = acc[c * NR + NR - 1][m] + (bias ? bias[n + N] : 0.0f);
-                out[(int64_t)m * N + n] = gt / (1.0f + expf(-gt)) * up;
-            } else {
-                const float v = acc[c][m] + (bias ? bias[n] : 0.0f);
-                float *dst = out + (int64_t)m * N + n;
-                *dst = accumulate ? *dst + v : v;
-            }
-        }
+    for (int64_t f = 0; f < total; f += 2) { /* two buffers, alternating, no dynamic register indexing */
+        if (f + 1 < total) qg_load<BITS, U, NR>(st, f + 1, lane, q, scales, biases, cb);
+        qg_compute<BITS, M, EPI, U>(st, f, lane, ca, s, K, acc, bias, out, accumulate);
+        if (f + 2 < total) qg_load<BITS, U, NR>(st, f + 2, lane, q, scales, biases, ca);
+        if (f + 1 < total) qg_compute<BITS, M, EPI, U>(st, f + 1, lane, cb, s, K, acc, bias, out, accumulate);
     }
 }
 
-template <int BITS, int M, int NORM, int EPI>
-static int launch_qgemv(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
-                        int accumulate, const float *norm_w, float eps) {
+/* chunk depth: pieces per row per chunk (KILN_QGEMV_U=2|4 for experiments; default 2) */
+static int qg_depth(void) {
+    static int u = 0;
+    if (!u) {
+        const char *e = getenv("KILN_QGEMV_U");
+        u = e && atoi(e) == 4 ? 4 : 2;
+    }
+    return u;
+}
+
+template <int BITS, int M, int NORM, int EPI, int U>
+static int launch_qgemv_u(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
+                          int accumulate, const float *norm_w, float eps) {
     const size_t smem = qg_smem_bytes(M, w->cols, w->group_size);
     static size_t smem_allowed = 48 << 10; /* per instantiation */
+    static int per_sm = 0;
     if (smem > QG_MAX_SMEM) return 0;
     if (smem > smem_allowed) {
-        if (cudaFuncSetAttribute(k_qgemv<BITS, M, NORM, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(k_qgemv<BITS, M, NORM, EPI, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  QG_MAX_SMEM) != cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
         smem_allowed = QG_MAX_SMEM;
+        per_sm = 0; /* the shared memory per block changed: ask again */
+    }
+    static size_t per_sm_smem = 0;
+    if (!per_sm || per_sm_smem != smem) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv<BITS, M, NORM, EPI, U>, QG_WARPS * 32,
+                                                          smem) != cudaSuccess || per_sm < 1) {
+            cudaGetLastError();
+            per_sm = 1;
+        }
+        per_sm_smem = smem;
     }
     constexpr int C = QG_RW / (EPI == KN_EPI_SWIGLU ? 2 : 1);
-    const unsigned blocks = (unsigned)((N + QG_WARPS * C - 1) / (QG_WARPS * C));
-    return kn_cuda_launch(be, k_qgemv<BITS, M, NORM, EPI>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
+    const int64_t sets = (N + C - 1) / C, want = (sets + QG_WARPS - 1) / QG_WARPS;
+    const int64_t resident = (int64_t)per_sm * kn_cuda_sm_count(be);
+    const unsigned blocks = (unsigned)(want < resident ? want : resident);
+    return kn_cuda_launch(be, k_qgemv<BITS, M, NORM, EPI, U>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
                           (const uint4 *)w->data, w->scales, w->biases, (int)w->sb_dtype, N, w->cols,
                           w->group_size, bias, out, accumulate, norm_w, eps) == cudaSuccess;
+}
+
+template <int BITS, int M, int NORM, int EPI>
+static int launch_qgemv(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
+                        int accumulate, const float *norm_w, float eps) {
+    return qg_depth() == 4 ? launch_qgemv_u<BITS, M, NORM, EPI, 4>(be, x, w, N, bias, out, accumulate, norm_w, eps)
+                           : launch_qgemv_u<BITS, M, NORM, EPI, 2>(be, x, w, N, bias, out, accumulate, norm_w, eps);
 }
 
 template <int BITS, int M>

@@ -71,10 +71,7 @@ template <typename T>
 __device__ __forceinline__ void fp_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1);
 template <>
 __device__ __forceinline__ void fp_mma<__nv_bfloat16>(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    kn_mma_bf16(d, a, b0, b1);
 }
 template <>
 __device__ __forceinline__ void fp_mma<__half>(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {

@@ -103,6 +103,18 @@ extern "C" void kn_cuda_im2col_1d(kn_backend *be, const float *x, int64_t xts, i
                                   int k, int stride, int pad, float *out);
 extern "C" void kn_cuda_attention_dense(kn_backend *be, const kn_dense_attention_args *a);
 
+/* d (16x8, f32) += a (16x16, row) . b (16x8, col): mma.sync m16n8k16 over
+ * bf16 with the PTX ISA's fragment layout (g = lane / 4, t = lane % 4):
+ *   a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+ *   b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+ *   d0 (g, 2t)  d1 (g, 2t+1)  d2 (g+8, 2t)  d3 (g+8, 2t+1) */
+__device__ __forceinline__ void kn_mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* Element i of a weight stored as F32, BF16 or F16, widened to float. */
 __device__ __forceinline__ float kn_cuda_load_w(const void *w, int64_t i, int dt) {
     if (dt == KN_DT_F32) return ((const float *)w)[i];

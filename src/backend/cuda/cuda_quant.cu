@@ -9,8 +9,8 @@
  *                   products, fusions); other bits / shapes: qgemv
  *   matmul M <= 8 : qgemv, one warp per output row, each lane streams whole
  *                   uint32 words and dequantizes them in registers
- *   matmul M > 8  : qgemm, 32x32 output tiles; each 32-column K step
- *                   dequantizes a 32x32 weight tile into shared memory
+ *   matmul M > 8  : qgemm_mma, tensor cores over the exact codes (bf16) and
+ *                   x as two bf16 terms, scale and bias applied per group
  *   embed         : one block per token dequantizes its row
  * Element (r, c) = scale * q + bias in float32, as base/quant.h defines. */
 #include "backend/cuda/cuda_internal.h"
@@ -64,55 +64,135 @@ __global__ void qgemv_kernel(const float *x, int M, const uint32_t *q, const voi
     }
 }
 
-#define QT 32 /* tile edge: 32 x rows, 32 output columns, 32-wide K steps */
+/* ---- prefill (M > 8): tensor cores over exact codes ----
+ * Per group g of a weight row: x . (s q + b) = s (x . q) + b sum(x). The codes
+ * q are small integers, exact in bf16; x is split into two bf16 terms
+ * hi = bf16(x), lo = bf16(x - hi) (|x - hi - lo| <= 2^-18 |x|), and
+ * x . q = hi . q + lo . q runs as mma.sync m16n8k16 with f32 accumulation
+ * into a per-group accumulator, which is then scaled by the row's s and gets
+ * b times the group's float sum of x. A block computes 64 tokens x 64 weight
+ * rows with 4 warps (32 x 32 each), staging one group of x (both terms), of
+ * codes (as bf16) and the 64 scales / biases in shared memory per K step. */
+#define QM_BM 64
+#define QM_BN 64
+#define QM_PAD 8 /* bf16 elements: row strides of 4 words mod 32, no bank conflicts */
 
-/* block (32 output cols) x (32 x rows); 256 threads, 4 outputs each */
-__global__ void qgemm_kernel(const float *x, int M, const uint32_t *q, const void *scales, const void *biases,
-                             int sbdt, int64_t N, int64_t K, int bits, int gs, const float *bias, float *out,
-                             int accumulate) {
-    __shared__ float xs[QT][QT + 1];
-    __shared__ float ws[QT][QT + 1];
-    const int tid = threadIdx.x;
-    const int64_t n0 = (int64_t)blockIdx.x * QT;
-    const int m0 = blockIdx.y * QT;
+__global__ void __launch_bounds__(128)
+    qgemm_mma_kernel(const float *__restrict__ x, int M, const uint32_t *__restrict__ q, const void *scales,
+                     const void *biases, int sbdt, int64_t N, int64_t K, int bits, int gs,
+                     const float *__restrict__ bias, float *__restrict__ out, int accumulate) {
+    extern __shared__ float4 qm_smem[];
+    const int ld = gs + QM_PAD; /* bf16 elements per staged row */
+    __nv_bfloat16 *xh = (__nv_bfloat16 *)qm_smem, *xl = xh + QM_BM * ld, *ws = xl + QM_BM * ld;
+    float *ssc = (float *)(ws + QM_BN * ld), *sbi = ssc + QM_BN, *xsum = sbi + QM_BN;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    const int64_t n0 = (int64_t)blockIdx.x * QM_BN;
+    const int m0 = blockIdx.y * QM_BM;
     const int per = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
     const int64_t words = K / per, G = K / gs;
-    const int tn = tid % QT, tm = tid / QT; /* this thread: column tn, rows tm + 8*j */
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t k0 = 0; k0 < K; k0 += QT) {
-        for (int e = tid; e < QT * QT; e += blockDim.x) {
-            const int r = e / QT, c = e % QT;
-            const int m = m0 + r;
-            xs[r][c] = m < M ? x[(int64_t)m * K + k0 + c] : 0.0f;
-            const int64_t n = n0 + r, col = k0 + c;
-            float wv = 0.0f;
-            if (n < N) {
-                const uint32_t v = q[n * words + col / per];
-                const int64_t g = col / gs;
-                wv = kn_cuda_load_w(scales, n * G + g, sbdt) * (float)q_code(v, (int)(col % per), bits) +
-                     kn_cuda_load_w(biases, n * G + g, sbdt);
+    const int sr = tid >> 1, half = tid & 1, hn = gs / 2; /* staging: row sr, elements [half * hn, + hn) */
+    float acc[2][4][4], accg[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t k0 = g * gs;
+        { /* x: two bf16 terms and the float sum of the group */
+            const int m = m0 + sr;
+            float sum = 0.0f;
+            const float *xr = x + (int64_t)(m < M ? m : 0) * K + k0 + half * hn;
+            for (int i = 0; i < hn; i += 2) { /* x rows need no alignment */
+                const float e0 = m < M ? __ldg(xr + i) : 0.0f, e1 = m < M ? __ldg(xr + i + 1) : 0.0f;
+                const __nv_bfloat162 h = __floats2bfloat162_rn(e0, e1);
+                *(__nv_bfloat162 *)&xh[sr * ld + half * hn + i] = h;
+                *(__nv_bfloat162 *)&xl[sr * ld + half * hn + i] =
+                    __floats2bfloat162_rn(e0 - __low2float(h), e1 - __high2float(h));
+                sum += e0 + e1;
             }
-            ws[r][c] = wv;
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            if (!half) xsum[sr] = sum;
+        }
+        { /* codes as bf16 (exact), scale and bias of the group */
+            const int64_t n = n0 + sr;
+            const uint32_t *row = q + (n < N ? n : 0) * words + (k0 + half * hn) / per;
+            for (int i = 0; i < hn / per; i++) {
+                const uint32_t v = n < N ? __ldg(row + i) : 0u;
+                for (int c = 0; c < per; c++)
+                    ws[sr * ld + half * hn + i * per + c] = __float2bfloat16((float)((v >> (bits * c)) & mask));
+            }
+            if (!half) {
+                ssc[sr] = n < N ? kn_cuda_load_w(scales, n * G + g, sbdt) : 0.0f;
+                sbi[sr] = n < N ? kn_cuda_load_w(biases, n * G + g, sbdt) : 0.0f;
+            }
         }
         __syncthreads();
-#pragma unroll 8
-        for (int kk = 0; kk < QT; kk++) {
-            const float wv = ws[tn][kk];
 #pragma unroll
-            for (int j = 0; j < 4; j++) acc[j] += xs[tm + 8 * j][kk] * wv;
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) accg[i][j][e] = 0.0f;
+        for (int kk = 0; kk < gs; kk += 16) {
+            uint32_t ah[2][4], al[2][4], b[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int r = wm + i * 16 + g8;
+                ah[i][0] = *(const uint32_t *)&xh[r * ld + kk + 2 * t4];
+                ah[i][1] = *(const uint32_t *)&xh[(r + 8) * ld + kk + 2 * t4];
+                ah[i][2] = *(const uint32_t *)&xh[r * ld + kk + 2 * t4 + 8];
+                ah[i][3] = *(const uint32_t *)&xh[(r + 8) * ld + kk + 2 * t4 + 8];
+                al[i][0] = *(const uint32_t *)&xl[r * ld + kk + 2 * t4];
+                al[i][1] = *(const uint32_t *)&xl[(r + 8) * ld + kk + 2 * t4];
+                al[i][2] = *(const uint32_t *)&xl[r * ld + kk + 2 * t4 + 8];
+                al[i][3] = *(const uint32_t *)&xl[(r + 8) * ld + kk + 2 * t4 + 8];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c = wn + j * 8 + g8;
+                b[j][0] = *(const uint32_t *)&ws[c * ld + kk + 2 * t4];
+                b[j][1] = *(const uint32_t *)&ws[c * ld + kk + 2 * t4 + 8];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    kn_mma_bf16(accg[i][j], ah[i], b[j][0], b[j][1]);
+                    kn_mma_bf16(accg[i][j], al[i], b[j][0], b[j][1]);
+                }
         }
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = wm + i * 16 + g8 + (e >= 2 ? 8 : 0), c = wn + j * 8 + 2 * t4 + (e & 1);
+                    acc[i][j][e] += ssc[c] * accg[i][j][e] + sbi[c] * xsum[r];
+                }
         __syncthreads();
     }
-    const int64_t n = n0 + tn;
-    if (n >= N) return;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int m = m0 + tm + 8 * j;
-        if (m >= M) continue;
-        float r = acc[j] + (bias ? bias[n] : 0.0f);
-        float *dst = out + (int64_t)m * N + n;
-        *dst = accumulate ? *dst + r : r;
-    }
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int m = m0 + wm + i * 16 + g8 + (e >= 2 ? 8 : 0);
+                const int64_t n = n0 + wn + j * 8 + 2 * t4 + (e & 1);
+                if (m >= M || n >= N) continue;
+                const float v = acc[i][j][e] + (bias ? bias[n] : 0.0f);
+                float *dst = out + (int64_t)m * N + n;
+                *dst = accumulate ? *dst + v : v;
+            }
+}
+
+static size_t qgemm_mma_smem(int gs) {
+    return (size_t)(2 * QM_BM + QM_BN) * (size_t)(gs + QM_PAD) * 2 + (size_t)(2 * QM_BN + QM_BM) * 4;
 }
 
 __global__ void qembed_kernel(const uint32_t *q, const void *scales, const void *biases, int sbdt, int64_t rows,
@@ -149,9 +229,15 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
                                                           w->bits, w->group_size, bias, out, accumulate);
         return;
     }
-    dim3 grid((unsigned)((w->rows + QT - 1) / QT), (unsigned)((M + QT - 1) / QT));
-    qgemm_kernel<<<grid, 256, 0, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols, w->bits,
-                                      w->group_size, bias, out, accumulate);
+    const size_t smem = qgemm_mma_smem(w->group_size); /* group sizes 32/64/128 (kn_quant_check) */
+    static int attr_set = 0;
+    if (smem > (48u << 10) && !attr_set) {
+        cudaFuncSetAttribute(qgemm_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qgemm_mma_smem(128));
+        attr_set = 1;
+    }
+    dim3 grid((unsigned)((w->rows + QM_BN - 1) / QM_BN), (unsigned)((M + QM_BM - 1) / QM_BM));
+    qgemm_mma_kernel<<<grid, 128, smem, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols, w->bits,
+                                             w->group_size, bias, out, accumulate);
 }
 
 void kn_cuda_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {

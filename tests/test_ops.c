@@ -463,6 +463,52 @@ done:
     free(x), free(orig);
 }
 
+/* rope_kv_write (optional op) against rope followed by kv_write on the same
+ * backend: the rotated q/k and the cache rows must be identical. */
+static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_dim, int fmt) {
+    if (!be->vt->rope_kv_write) return;
+    const int64_t stride = (int64_t)(nq + 2 * nkv) * hd + 3, nslots = 2 * (int64_t)n_tokens + 16;
+    const size_t xb = (size_t)(n_tokens * stride) * 4, esz = fmt == KN_KVF_BF16 ? 2 : 4;
+    const size_t cb = (size_t)(nslots * nkv * hd) * esz;
+    float *x = malloc(xb), *xa = malloc(xb), *xf = malloc(xb), inv_freq[256];
+    uint8_t *ca = calloc(2, cb), *cf = calloc(2, cb);
+    int32_t pos[64], slots[64];
+    for (int i = 0; i < rot_dim / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / rot_dim);
+    for (int t = 0; t < n_tokens; t++) pos[t] = t * 29 % 500, slots[t] = (int32_t)((t * 7 + 3) % nslots);
+    fill(x, n_tokens * stride, 1.0f);
+    float *dfreq = dev(inv_freq, sizeof inv_freq);
+    int32_t *dpos = dev(pos, sizeof pos), *dslots = dev(slots, sizeof slots);
+    kn_rope_table rt = {.rot_dim = rot_dim, .attn_scale = 1.0f, .inv_freq = dfreq};
+    for (int fused = 0; fused < 2; fused++) {
+        float *dx = dev(x, xb);
+        uint8_t *zero = calloc(1, cb);
+        kn_kv_layer kv = {.k = dev(zero, cb), .v = dev(zero, cb), .block_size = 16, .n_kv_heads = nkv, .head_dim = hd,
+                          .n_blocks = nslots / 16, .k_fmt = fmt, .v_fmt = fmt};
+        free(zero);
+        const float *dv = dx + (int64_t)(nq + nkv) * hd;
+        int done = 1;
+        if (fused) done = be->vt->rope_kv_write(be, dx, dv, stride, n_tokens, nq, nkv, hd, dpos, &rt, &kv, dslots);
+        else {
+            be->vt->rope(be, dx, stride, n_tokens, nq + nkv, hd, dpos, &rt);
+            be->vt->kv_write(be, &kv, dx + (int64_t)nq * hd, dv, stride, n_tokens, dslots);
+        }
+        back(fused ? xf : xa, dx, xb);
+        back((fused ? cf : ca), kv.k, cb);
+        back((fused ? cf : ca) + cb, kv.v, cb);
+        kn_be_free(be, dx), kn_be_free(be, kv.k), kn_be_free(be, kv.v);
+        if (!done) { /* declined: nothing to compare */
+            memcpy(xf, xa, xb), memcpy(cf, ca, 2 * cb);
+            break;
+        }
+    }
+    CHECK(!memcmp(xa, xf, xb), "rope_kv_write tokens=%d q=%d kv=%d hd=%d rot=%d: q/k differ from rope", n_tokens, nq,
+          nkv, hd, rot_dim);
+    CHECK(!memcmp(ca, cf, 2 * cb), "rope_kv_write tokens=%d q=%d kv=%d hd=%d rot=%d fmt=%d: cache differs from kv_write",
+          n_tokens, nq, nkv, hd, rot_dim, fmt);
+    kn_be_free(be, dfreq), kn_be_free(be, dpos), kn_be_free(be, dslots);
+    free(x), free(xa), free(xf), free(ca), free(cf);
+}
+
 /* Two sequences with shuffled block tables; tokens of both in one call. */
 /* Queries: the last q0 positions of sequence 0 and the last 2 of sequence 1.
  * With host mirrors (q0 long enough) a backend may take its GEMM path, in
@@ -1086,6 +1132,10 @@ int main(void) {
     test_rope(7, 4, 64, 64, 1.0f);
     test_rope(3, 2, 128, 96, 1.2f);
     test_rope(5, 8, 256, 256, 1.0f);
+    test_rope_kv_write(1, 32, 8, 128, 128, KN_KVF_BF16); /* decode, GQA 4 */
+    test_rope_kv_write(9, 6, 2, 64, 32, KN_KVF_F32);     /* partial rotary, heads not a multiple of 4 */
+    test_rope_kv_write(3, 4, 4, 256, 256, KN_KVF_BF16);
+    test_rope_kv_write(2, 4, 2, 64, 64, KN_KVF_Q8);      /* other formats: may decline */
     int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}, {16, 2}};
     int hds[] = {64, 128, 256};
     for (size_t g = 0; g < 4; g++)

@@ -666,6 +666,7 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
     const kn_layer *L = &m->layers[l];
     const int n = b->n_tokens, hd = L->head_dim, qs = L->qkv_stride, shared = L->kv_source != l;
     const float eps = (float)c->rms_norm_eps;
+    int written = 0; /* K/V already in the cache */
     if (in) op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
     float *q = m->qkv, *k = m->qkv + L->q_dim, *v = k + L->kv_dim;
     if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
@@ -686,14 +687,18 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
         }
     } else if (c->layer_rope[l]) {
         const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
-        if (!shared && L->q_dim == c->n_heads * hd) /* k's heads follow q's: one pass rotates both */
-            op->rope(be, q, qs, n, c->n_heads + L->n_kv_heads, hd, m->d_pos, rt);
-        else {
+        if (!shared && L->q_dim == c->n_heads * hd) { /* k's heads follow q's: one pass rotates both */
+            if (op->rope_kv_write && op->rope_kv_write(be, q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt,
+                                                       &m->kvl[l], L->in_ring ? m->d_slots_ring : m->d_slots))
+                written = 1; /* and the cache rows written in the same pass */
+            else
+                op->rope(be, q, qs, n, c->n_heads + L->n_kv_heads, hd, m->d_pos, rt);
+        } else {
             op->rope(be, q, qs, n, c->n_heads, hd, m->d_pos, rt);
             if (!shared) op->rope(be, k, qs, n, L->n_kv_heads, hd, m->d_pos, rt);
         }
     }
-    if (!shared) op->kv_write(be, &m->kvl[l], k, v, qs, n, L->in_ring ? m->d_slots_ring : m->d_slots);
+    if (!shared && !written) op->kv_write(be, &m->kvl[l], k, v, qs, n, L->in_ring ? m->d_slots_ring : m->d_slots);
     kn_attention_args a = {
         .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
         .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,

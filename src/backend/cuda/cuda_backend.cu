@@ -309,6 +309,45 @@ __global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, cons
     }
 }
 
+/* k_rope over the query and key heads of each token, then each block writes
+ * the rotated key heads it holds and the matching value heads to the cache
+ * (float or bf16 rows) */
+template <bool BF16>
+__global__ void k_rope_kv(float *x, const float *v, int64_t stride, int n_q, int n_heads, int head_dim,
+                          const int32_t *pos, const float *inv_freq, int rot_dim, float scale, void *kc, void *vc,
+                          const int32_t *slots) {
+    kn_pdl_trigger();
+    const int t = blockIdx.x, h0 = blockIdx.y * ROPE_HEADS, half = rot_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float s, c;
+        sincosf((float)pos[t] * inv_freq[i], &s, &c);
+        c *= scale, s *= scale;
+#pragma unroll
+        for (int h = h0; h < h0 + ROPE_HEADS; h++) {
+            if (h >= n_heads) break;
+            float *r = x + t * stride + (int64_t)h * head_dim;
+            const float a = r[i], b = r[i + half];
+            r[i] = a * c - b * s;
+            r[i + half] = b * c + a * s;
+        }
+    }
+    __syncthreads();
+    const int64_t w = (int64_t)(n_heads - n_q) * head_dim, slot = slots[t];
+    for (int h = h0 > n_q ? h0 : n_q; h < h0 + ROPE_HEADS && h < n_heads; h++) {
+        const int64_t o = (int64_t)(h - n_q) * head_dim;
+        const float *kr = x + t * stride + (int64_t)h * head_dim, *vr = v + t * stride + o;
+        for (int j = threadIdx.x; j < head_dim; j += blockDim.x) {
+            if (BF16) {
+                ((uint16_t *)kc)[slot * w + o + j] = __bfloat16_as_ushort(__float2bfloat16(kr[j]));
+                ((uint16_t *)vc)[slot * w + o + j] = __bfloat16_as_ushort(__float2bfloat16(vr[j]));
+            } else {
+                ((float *)kc)[slot * w + o + j] = kr[j];
+                ((float *)vc)[slot * w + o + j] = vr[j];
+            }
+        }
+    }
+}
+
 __global__ void k_kv_write(float *kc, float *vc, const float *k, const float *v, int64_t stride, int64_t w,
                            const int32_t *slots) {
     kn_pdl_trigger();
@@ -472,6 +511,23 @@ static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int 
     dim3 grid((unsigned)n_tokens, (unsigned)((n_heads + ROPE_HEADS - 1) / ROPE_HEADS));
     if (rhalf > 0) k_rope<<<grid, threads, 0, S>>>(x, stride, n_heads, head_dim, pos, r->inv_freq, r->rot_dim, r->attn_scale);
 }
+static int cu_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q_heads,
+                            int n_kv_heads, int head_dim, const int32_t *pos, const kn_rope_table *r,
+                            const kn_kv_layer *kv, const int32_t *slots) {
+    const int bf16 = kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16;
+    if (!(bf16 || (kv->k_fmt == KN_KVF_F32 && kv->v_fmt == KN_KVF_F32)) || kv->n_kv_heads != n_kv_heads ||
+        kv->head_dim != head_dim || r->rot_dim < 2 || n_tokens < 1)
+        return 0;
+    const int rhalf = r->rot_dim / 2, threads = rhalf >= 128 ? 128 : (rhalf + 31) / 32 * 32, nh = n_q_heads + n_kv_heads;
+    dim3 grid((unsigned)n_tokens, (unsigned)((nh + ROPE_HEADS - 1) / ROPE_HEADS));
+    if (bf16)
+        k_rope_kv<true><<<grid, threads, 0, S>>>(qk, v, stride, n_q_heads, nh, head_dim, pos, r->inv_freq, r->rot_dim,
+                                                 r->attn_scale, kv->k, kv->v, slots);
+    else
+        k_rope_kv<false><<<grid, threads, 0, S>>>(qk, v, stride, n_q_heads, nh, head_dim, pos, r->inv_freq,
+                                                  r->rot_dim, r->attn_scale, kv->k, kv->v, slots);
+    return 1;
+}
 static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                         int n_tokens, const int32_t *slots) {
     if (kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16) {
@@ -547,6 +603,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     NULL,                      /* kv_convert: delayed KV conversion is CPU-only so far */
     kn_cuda_stream_mix, kn_cuda_rms_match, kn_cuda_gaussian_topk, /* cuda_ops_models.cu (gemma3n) */
     kn_cuda_sample_rows,       /* cuda_sample.cu */
+    cu_rope_kv_write,
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

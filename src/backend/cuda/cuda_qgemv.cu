@@ -71,6 +71,17 @@ static size_t qg_smem_bytes(int M, int64_t K, int gs) {
     return (size_t)M * (size_t)K * 2 + (size_t)M * (size_t)(K / gs) * 4 + (size_t)M * (size_t)(K / 16) * 4;
 }
 
+/* Byte offset within a row of x's terms of the 16-element chunk at k0. 8-bit:
+ * in place (a piece is one chunk). 4-bit: a piece (32 codes) takes two
+ * chunks, stored in two planes K/2 apart (first halves, then second halves),
+ * so lane j's 16-byte reads of piece j are contiguous across the warp and
+ * free of bank conflicts. */
+template <int BITS>
+__device__ __forceinline__ int64_t qg_x_offset(int64_t k0, int64_t K) {
+    if (BITS == 8) return k0;
+    return ((k0 >> 4) & 1) * (K / 2) + (k0 >> 5) * 16;
+}
+
 /* position of element e (0..15) of a 16-element chunk in code order */
 template <int BITS>
 __device__ __forceinline__ int code_pos(int e) {
@@ -150,7 +161,7 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
             hw[p >> 2] |= ((uint32_t)(int)hf & 0xffu) << (8 * (p & 3));
             lw[p >> 2] |= ((uint32_t)(int)lf & 0xffu) << (8 * (p & 3));
         }
-        const int64_t o = (int64_t)m * K + k0;
+        const int64_t o = (int64_t)m * K + qg_x_offset<BITS>(k0, K);
         *(uint4 *)(s.xh + o) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
         *(uint4 *)(s.xl + o) = make_uint4(lw[0], lw[1], lw[2], lw[3]);
         s.xs[(int64_t)m * chunks + k0 / 16] = sum;
@@ -160,12 +171,14 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
     __syncthreads();
 }
 
-/* sum over one 16-byte piece of codes of q * (256 h + l) */
+/* sum over one 16-byte piece of codes of q * (256 h + l); x terms at xh / xl
+ * (4-bit: the piece's second half `plane` bytes further) */
 template <int BITS>
-__device__ __forceinline__ int qg_piece_dot(uint4 w, const uint4 *xh, const uint4 *xl) {
+__device__ __forceinline__ int qg_piece_dot(uint4 w, const int8_t *xh, const int8_t *xl, int64_t plane) {
     const uint32_t wd[4] = {w.x, w.y, w.z, w.w};
     if (BITS == 4) { /* 32 codes; x words 2i (even elements) and 2i + 1 (odd) of 8 */
-        const uint4 h0 = xh[0], h1 = xh[1], l0 = xl[0], l1 = xl[1];
+        const uint4 h0 = *(const uint4 *)xh, h1 = *(const uint4 *)(xh + plane);
+        const uint4 l0 = *(const uint4 *)xl, l1 = *(const uint4 *)(xl + plane);
         const uint32_t hx[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
         const uint32_t lx[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
         uint32_t lo[4], hi[4];
@@ -179,7 +192,7 @@ __device__ __forceinline__ int qg_piece_dot(uint4 w, const uint4 *xh, const uint
         }
         return ih * 256 + il;
     }
-    const uint4 h = xh[0], l = xl[0]; /* 16 codes in element order */
+    const uint4 h = *(const uint4 *)xh, l = *(const uint4 *)xl; /* 16 codes in element order */
     const uint32_t hx[4] = {h.x, h.y, h.z, h.w}, lx[4] = {l.x, l.y, l.z, l.w};
     int ih = 0, il = 0;
 #pragma unroll
@@ -240,13 +253,13 @@ __device__ __forceinline__ void qg_compute(const qg_stream &st, int64_t f, int l
         const int64_t k0 = j * E, g = k0 / st.gs;
 #pragma unroll
         for (int m = 0; m < M; m++) {
-            const int64_t o = (int64_t)m * K + k0;
+            const int64_t o = (int64_t)m * K + k0, ox = (int64_t)m * K + qg_x_offset<BITS>(k0, K);
             const float d = s.xd[(int64_t)m * st.G + g];
             float sx = s.xs[o / 16];
             if (BITS == 4) sx += s.xs[o / 16 + 1];
 #pragma unroll
             for (int r = 0; r < QG_RW; r++) {
-                const int dot = qg_piece_dot<BITS>(c.q[u][r], (const uint4 *)(s.xh + o), (const uint4 *)(s.xl + o));
+                const int dot = qg_piece_dot<BITS>(c.q[u][r], s.xh + ox, s.xl + ox, K / 2);
                 acc[r][m] += sb_val(c.s[u][r], st.sbdt) * (d * (float)dot) + sb_val(c.b[u][r], st.sbdt) * sx;
             }
         }

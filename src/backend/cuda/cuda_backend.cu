@@ -290,9 +290,8 @@ __global__ void k_gemm(const float *x, int M, const void *w, int dt, int64_t N, 
 /* one block per (token, 4 heads); thread i < rot_dim/2 computes its angle
  * once (sincosf) and rotates dims i and i + half of each of the 4 heads */
 #define ROPE_HEADS 4
-__global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
-                       int rot_dim, float scale) {
-    kn_pdl_trigger();
+__device__ __forceinline__ void rope_block(float *x, int64_t stride, int n_heads, int head_dim, const int32_t *pos,
+                                           const float *inv_freq, int rot_dim, float scale) {
     const int t = blockIdx.x, h0 = blockIdx.y * ROPE_HEADS, half = rot_dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float s, c;
@@ -308,6 +307,11 @@ __global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, cons
         }
     }
 }
+__global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
+                       int rot_dim, float scale) {
+    kn_pdl_trigger();
+    rope_block(x, stride, n_heads, head_dim, pos, inv_freq, rot_dim, scale);
+}
 
 /* k_rope over the query and key heads of each token, then each block writes
  * the rotated key heads it holds and the matching value heads to the cache
@@ -317,20 +321,8 @@ __global__ void k_rope_kv(float *x, const float *v, int64_t stride, int n_q, int
                           const int32_t *pos, const float *inv_freq, int rot_dim, float scale, void *kc, void *vc,
                           const int32_t *slots) {
     kn_pdl_trigger();
-    const int t = blockIdx.x, h0 = blockIdx.y * ROPE_HEADS, half = rot_dim / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float s, c;
-        sincosf((float)pos[t] * inv_freq[i], &s, &c);
-        c *= scale, s *= scale;
-#pragma unroll
-        for (int h = h0; h < h0 + ROPE_HEADS; h++) {
-            if (h >= n_heads) break;
-            float *r = x + t * stride + (int64_t)h * head_dim;
-            const float a = r[i], b = r[i + half];
-            r[i] = a * c - b * s;
-            r[i + half] = b * c + a * s;
-        }
-    }
+    rope_block(x, stride, n_heads, head_dim, pos, inv_freq, rot_dim, scale);
+    const int t = blockIdx.x, h0 = blockIdx.y * ROPE_HEADS;
     __syncthreads();
     const int64_t w = (int64_t)(n_heads - n_q) * head_dim, slot = slots[t];
     for (int h = h0 > n_q ? h0 : n_q; h < h0 + ROPE_HEADS && h < n_heads; h++) {

@@ -17,6 +17,7 @@
 #include "base/dtype.h"
 #include "base/kv_codec_tables.h"
 #include "kv/kv_paged.h"
+#include "test_backend.h"
 #include "test_util.h"
 
 static kn_backend *be;
@@ -387,18 +388,10 @@ static kn_kv_pool *make_pool(const char *fmt, int D, int max_t) {
 }
 
 int main(void) {
-    kn_error err = {0};
-    const char *name = getenv("KILN_TEST_BACKEND");
-    if (kn_backend_create(name ? name : "cpu", 2, &be, &err)) {
-        if (name) {
-            printf("test_kv_codec: SKIP backend %s: %s\n", name, err.msg);
-            return 77;
-        }
-        fprintf(stderr, "backend: %s\n", err.msg);
-        return 1;
-    }
+    const int brc = kn_test_backend_open("test_kv_codec", 2, &be);
+    if (brc) return brc;
     printf("test_kv_codec: backend %s\n", be->vt->name);
-    if (!name || !strcmp(name, "cpu")) { /* host-only codec checks once */
+    if (!strcmp(be->vt->name, "cpu")) { /* host-only codec checks once */
         double t0 = now();
         test_lloyd_max();
         test_rotation();

@@ -24,6 +24,7 @@
 #include "io/model_config.h"
 #include "kv/kv_paged.h"
 #include "models/model.h"
+#include "test_backend.h"
 #include "test_util.h"
 
 #define N_IDS 48
@@ -274,15 +275,8 @@ static void test_delayed(const kn_model_config *cfg, const kn_tensor_source *src
 
 int main(void) {
     const char *fx = kn_test_fixtures();
-    if (getenv("KILN_TEST_BACKEND")) { /* a skip said out loud where the backend is missing */
-        kn_backend *probe;
-        kn_error perr = {0};
-        if (kn_backend_create(backend_name(), 1, &probe, &perr)) {
-            printf("test_kv_e2e: SKIP backend %s: %s\n", backend_name(), perr.msg);
-            return 77;
-        }
-        kn_backend_destroy(probe);
-    }
+    const int brc = kn_test_backend_probe("test_kv_e2e");
+    if (brc) return brc;
     const int sharp = getenv("KILN_KV_E2E_SHARP") != NULL;
     DIR *d = opendir(fx);
     if (!d) {

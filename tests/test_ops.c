@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "test_backend.h"
 #include "test_util.h"
 
 static kn_backend *be;
@@ -1096,16 +1097,8 @@ static void test_attention_dense(int n_q, int n_kv, int n_heads, int hd, int cau
 }
 
 int main(void) {
-    kn_error err = {0};
-    const char *name = getenv("KILN_TEST_BACKEND");
-    if (kn_backend_create(name ? name : "cpu", 2, &be, &err)) {
-        if (name) { /* e.g. cuda on a machine without a GPU: a skip, said out loud */
-            printf("test_ops: SKIP backend %s: %s\n", name, err.msg);
-            return 77;
-        }
-        fprintf(stderr, "backend: %s\n", err.msg);
-        return 1;
-    }
+    const int brc = kn_test_backend_open("test_ops", 2, &be);
+    if (brc) return brc;
     printf("test_ops: backend %s\n", be->vt->name);
     kn_dtype dts[3] = {KN_DT_F32, KN_DT_BF16, KN_DT_F16};
     int Ms[] = {1, 2, 3, 5, 6, 7, 13, 64}, Ns[] = {1, 15, 16, 17, 64, 100}, Ks[] = {1, 7, 8, 64, 300};

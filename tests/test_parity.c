@@ -20,6 +20,7 @@
 #include "engine/synthetic.h"
 #include "io/npy.h"
 #include "models/model.h"
+#include "test_backend.h"
 #include "test_util.h"
 
 typedef struct {
@@ -533,17 +534,8 @@ static void check_moe_active_bytes(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *be_name = getenv("KILN_TEST_BACKEND");
-    if (be_name) { /* a backend that cannot start here (no GPU) is a skip, said out loud */
-        kn_backend *be;
-        kn_error err = {0};
-        if (kn_backend_create(be_name, 1, &be, &err) != KN_OK) {
-            printf("test_parity: SKIP backend %s: %s\n", be_name, err.msg);
-            return 77;
-        }
-        kn_backend_destroy(be);
-        printf("test_parity: backend %s\n", be_name);
-    }
+    const int brc = kn_test_backend_probe("test_parity");
+    if (brc) return brc;
     static const char *const fixtures[] = {
         "llama",   "llama_linear", "llama3",     "llama_yarn", "mistral",   "qwen2",     "qwen3",
         "phi3",    "llama_bf16",

@@ -27,6 +27,7 @@
 #include "io/safetensors.h"
 #include "io/st_writer.h"
 #include "models/model.h"
+#include "test_backend.h"
 #include "test_util.h"
 
 static uint64_t seed = 7;
@@ -440,17 +441,8 @@ static void check_wide_moe(int bits, int gs) {
 }
 
 int main(void) {
-    const char *be_name = getenv("KILN_TEST_BACKEND");
-    if (be_name) { /* a backend that cannot start here (no GPU) is a skip, said out loud */
-        kn_backend *be;
-        kn_error err = {0};
-        if (kn_backend_create(be_name, 1, &be, &err) != KN_OK) {
-            printf("test_quant: SKIP backend %s: %s\n", be_name, err.msg);
-            return 77;
-        }
-        kn_backend_destroy(be);
-        printf("test_quant: backend %s\n", be_name);
-    }
+    const int brc = kn_test_backend_probe("test_quant");
+    if (brc) return brc;
     test_layout();
     test_round_trip();
     kn_error err = {0};

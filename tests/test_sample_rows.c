@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "base/sampling.h"
+#include "test_backend.h"
 #include "test_util.h"
 
 static kn_backend *be;
@@ -275,16 +276,8 @@ static void test_host_rule(void) {
 }
 
 int main(void) {
-    kn_error err = {0};
-    const char *name = getenv("KILN_TEST_BACKEND");
-    if (kn_backend_create(name ? name : "cpu", 2, &be, &err)) {
-        if (name) {
-            printf("test_sample_rows: SKIP backend %s: %s\n", name, err.msg);
-            return 77;
-        }
-        fprintf(stderr, "backend: %s\n", err.msg);
-        return 1;
-    }
+    const int brc = kn_test_backend_open("test_sample_rows", 2, &be);
+    if (brc) return brc;
     printf("test_sample_rows: backend %s\n", be->vt->name);
     if (!be->vt->sample_rows) {
         fprintf(stderr, "backend %s has no sample_rows\n", be->vt->name);

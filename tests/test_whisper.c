@@ -22,6 +22,7 @@
 #include "io/npy.h"
 #include "models/whisper.h"
 #include "audio/audio.h"
+#include "test_backend.h"
 #include "test_util.h"
 #include "whisper_synth.h"
 #include "tokenizer/tokenizer.h"
@@ -699,15 +700,8 @@ static void test_formats(void) {
 
 int main(void) {
     backend_name = getenv("KILN_TEST_BACKEND");
-    if (backend_name) {
-        kn_backend *be;
-        kn_error err = {0};
-        if (kn_backend_create(backend_name, 1, &be, &err)) {
-            printf("test_whisper: SKIP backend %s: %s\n", backend_name, err.msg);
-            return 77;
-        }
-        kn_backend_destroy(be);
-    }
+    const int brc = kn_test_backend_probe("test_whisper");
+    if (brc) return brc;
     test_formats();
     test_cache_consistency();
     test_oracle();

@@ -163,7 +163,7 @@ __device__ __forceinline__ float mq_dot(const mq_w &w, int64_t row, int64_t K, c
     if (!w.bits) {
         for (int64_t c = lane; c < K; c += 32) acc += kn_cuda_load_w(w.data, row * K + c, w.dt) * __ldg(x + c);
     } else {
-        const int per = 32 / w.bits;
+        const int per = 32 / w.bits, gshift = __ffs(w.gs) - 1; /* group sizes are powers of two */
         const uint32_t mask = (1u << w.bits) - 1u;
         const int64_t words = K / per, G = K / w.gs;
         const uint32_t *r = (const uint32_t *)w.data + row * words;
@@ -175,7 +175,7 @@ __device__ __forceinline__ float mq_dot(const mq_w &w, int64_t row, int64_t K, c
             for (int u = 0; u < 4; u++) {
                 const int64_t wi = w0 + 32 * u;
                 if (wi >= words) break;
-                const int64_t c0 = wi * per, g = row * G + c0 / w.gs;
+                const int64_t c0 = wi * per, g = row * G + (c0 >> gshift);
                 const float s = kn_cuda_load_w(w.sc, g, w.sbdt), b = kn_cuda_load_w(w.bi, g, w.sbdt);
                 for (int i = 0; i < per; i++)
                     acc += (s * (float)((v[u] >> (w.bits * i)) & mask) + b) * __ldg(x + c0 + i);

@@ -125,8 +125,8 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
     for (int64_t c0 = 0; c0 < total; c0 += QG_WARPS * 32) {
         const int64_t c = c0 + tid;
         const bool on = c < total;
-        const int m = on ? (int)(c / chunks) : 0;
-        const int64_t k0 = on ? (c % chunks) * 16 : 0;
+        const int m = on ? (int)c / (int)chunks : 0; /* 32-bit division: x is at most 160 KB */
+        const int64_t k0 = on ? (int64_t)((int)c % (int)chunks) * 16 : 0;
         float v[16];
         float mx = 0.0f, sum = 0.0f;
         if (on) {
@@ -165,7 +165,7 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
         *(uint4 *)(s.xh + o) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
         *(uint4 *)(s.xl + o) = make_uint4(lw[0], lw[1], lw[2], lw[3]);
         s.xs[(int64_t)m * chunks + k0 / 16] = sum;
-        if ((k0 % gs) == 0) s.xd[(int64_t)m * (K / gs) + k0 / gs] = mx / (127.0f * 256.0f);
+        if ((k0 & (gs - 1)) == 0) s.xd[(int64_t)m * (K / gs) + (int)k0 / gs] = mx / (127.0f * 256.0f);
     }
     (void)lane;
     __syncthreads();
@@ -212,16 +212,27 @@ struct qg_chunk {
  * columns = RW weight rows), each in NCH chunks of 32 * U pieces per row. */
 struct qg_stream {
     int64_t set0, stride, n_sets, N, P, G;
-    int nch, gs, sbdt;
+    int nch, gshift, sbdt; /* group size 1 << gshift */
 };
 
+/* a chunk's place in the stream: its column set and its index in the set
+ * (kept incrementally: no integer division in the loop) */
+struct qg_pos {
+    int64_t set;
+    int i;
+};
+__device__ __forceinline__ qg_pos qg_next(const qg_stream &st, qg_pos p) {
+    if (++p.i == st.nch) p.i = 0, p.set += st.stride;
+    return p;
+}
+
 template <int BITS, int U, int NR>
-__device__ __forceinline__ void qg_load(const qg_stream &st, int64_t f, int lane, const uint4 *__restrict__ q,
+__device__ __forceinline__ void qg_load(const qg_stream &st, qg_pos pos, int lane, const uint4 *__restrict__ q,
                                         const void *__restrict__ scales, const void *__restrict__ biases,
                                         qg_chunk<U> &c) {
     constexpr int C = QG_RW / NR, E = 128 / BITS;
-    const int64_t set = st.set0 + (f / st.nch) * st.stride;
-    const int i = (int)(f % st.nch);
+    const int64_t set = pos.set;
+    const int i = pos.i;
 #pragma unroll
     for (int r = 0; r < QG_RW; r++) {
         const int64_t n = set * C + r / NR < st.N ? set * C + r / NR : st.N - 1; /* past N: read, dropped */
@@ -230,7 +241,7 @@ __device__ __forceinline__ void qg_load(const qg_stream &st, int64_t f, int lane
         for (int u = 0; u < U; u++) {
             const int64_t j = lane + 32 * ((int64_t)U * i + u);
             if (j < st.P) {
-                const int64_t gi = row * st.G + j * E / st.gs;
+                const int64_t gi = row * st.G + ((j * E) >> st.gshift);
                 c.q[u][r] = __ldcs(q + row * st.P + j);
                 c.s[u][r] = sb_raw(scales, st.sbdt, gi), c.b[u][r] = sb_raw(biases, st.sbdt, gi);
             }
@@ -241,16 +252,16 @@ __device__ __forceinline__ void qg_load(const qg_stream &st, int64_t f, int lane
 /* chunk f into acc; after a set's last chunk, the warp's sums are reduced and
  * lane 0 writes the set's outputs */
 template <int BITS, int M, int EPI, int U>
-__device__ __forceinline__ void qg_compute(const qg_stream &st, int64_t f, int lane, const qg_chunk<U> &c,
+__device__ __forceinline__ void qg_compute(const qg_stream &st, qg_pos pos, int lane, const qg_chunk<U> &c,
                                            const qg_smem &s, int64_t K, float (*acc)[M], const float *__restrict__ bias,
                                            float *__restrict__ out, int accumulate) {
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR, E = 128 / BITS;
-    const int i = (int)(f % st.nch);
+    const int i = pos.i;
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int64_t j = lane + 32 * ((int64_t)U * i + u);
         if (j >= st.P) break;
-        const int64_t k0 = j * E, g = k0 / st.gs;
+        const int64_t k0 = j * E, g = k0 >> st.gshift;
 #pragma unroll
         for (int m = 0; m < M; m++) {
             const int64_t o = (int64_t)m * K + k0, ox = (int64_t)m * K + qg_x_offset<BITS>(k0, K);
@@ -270,7 +281,7 @@ __device__ __forceinline__ void qg_compute(const qg_stream &st, int64_t f, int l
 #pragma unroll
         for (int m = 0; m < M; m++)
             for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
-    const int64_t set = st.set0 + (f / st.nch) * st.stride;
+    const int64_t set = pos.set;
     if (lane == 0)
 #pragma unroll
         for (int cc = 0; cc < C; cc++) {
@@ -311,7 +322,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     constexpr int E = 128 / BITS;                    /* codes per 16-byte piece */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     qg_stream st;
-    st.N = N, st.P = K / E, st.G = K / gs, st.gs = gs, st.sbdt = sbdt;
+    st.N = N, st.P = K / E, st.G = K / gs, st.gshift = __ffs(gs) - 1, st.sbdt = sbdt; /* gs a power of two */
     st.nch = (int)((st.P + 32 * U - 1) / (32 * U));
     st.n_sets = (N + C - 1) / C;
     st.set0 = (int64_t)blockIdx.x * QG_WARPS + warp, st.stride = (int64_t)gridDim.x * QG_WARPS;
@@ -320,7 +331,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     kn_pdl_trigger();
 
     qg_chunk<U> ca, cb;
-    if (total > 0) qg_load<BITS, U, NR>(st, 0, lane, q, scales, biases, ca); /* before the wait: weights only */
+    qg_pos p = {st.set0, 0};
+    if (total > 0) qg_load<BITS, U, NR>(st, p, lane, q, scales, biases, ca); /* before the wait: weights only */
     kn_pdl_wait();
     const qg_smem s = qg_layout(qg_dyn, M, K, gs);
     qg_quantize_x<BITS, M, NORM>(x, K, gs, norm_w, eps, s);
@@ -331,10 +343,12 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
 #pragma unroll
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
     for (int64_t f = 0; f < total; f += 2) { /* two buffers, alternating, no dynamic register indexing */
-        if (f + 1 < total) qg_load<BITS, U, NR>(st, f + 1, lane, q, scales, biases, cb);
-        qg_compute<BITS, M, EPI, U>(st, f, lane, ca, s, K, acc, bias, out, accumulate);
-        if (f + 2 < total) qg_load<BITS, U, NR>(st, f + 2, lane, q, scales, biases, ca);
-        if (f + 1 < total) qg_compute<BITS, M, EPI, U>(st, f + 1, lane, cb, s, K, acc, bias, out, accumulate);
+        const qg_pos p1 = qg_next(st, p), p2 = qg_next(st, p1);
+        if (f + 1 < total) qg_load<BITS, U, NR>(st, p1, lane, q, scales, biases, cb);
+        qg_compute<BITS, M, EPI, U>(st, p, lane, ca, s, K, acc, bias, out, accumulate);
+        if (f + 2 < total) qg_load<BITS, U, NR>(st, p2, lane, q, scales, biases, ca);
+        if (f + 1 < total) qg_compute<BITS, M, EPI, U>(st, p1, lane, cb, s, K, acc, bias, out, accumulate);
+        p = p2;
     }
 }
 
@@ -403,7 +417,7 @@ int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, con
                   int accumulate, const float *norm_w, float eps, int epi) {
     if (M < 1 || M > KN_CUDA_GEMV_MAX_M || (w->bits != 4 && w->bits != 8)) return 0;
     const int gs = w->group_size;
-    if (gs % (w->bits == 4 ? 32 : 16) || gs > 512 || w->cols % gs || w->rows < 1) return 0;
+    if (gs % (w->bits == 4 ? 32 : 16) || gs > 512 || (gs & (gs - 1)) || w->cols % gs || w->rows < 1) return 0;
     if (epi == KN_EPI_SWIGLU && (w->rows % 2 || accumulate)) return 0;
     if (((uintptr_t)x & 15) || ((uintptr_t)w->data & 15) || ((uintptr_t)norm_w & 15)) return 0;
     if (w->bits == 4)

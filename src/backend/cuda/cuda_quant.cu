@@ -35,7 +35,7 @@ __global__ void qgemv_kernel(const float *x, int M, const uint32_t *q, const voi
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (n >= N) return;
-    const int per = 32 / bits;
+    const int per = 32 / bits, gshift = __ffs(gs) - 1; /* group sizes are powers of two */
     const int64_t words = K / per, G = K / gs;
     const uint32_t *row = q + n * words;
     float acc[MAXM];
@@ -43,7 +43,7 @@ __global__ void qgemv_kernel(const float *x, int M, const uint32_t *q, const voi
     for (int m = 0; m < MAXM; m++) acc[m] = 0.0f;
     for (int64_t wi = lane; wi < words; wi += 32) {
         const uint32_t v = row[wi];
-        const int64_t c0 = wi * per, g = c0 / gs;
+        const int64_t c0 = wi * per, g = c0 >> gshift;
         const float s = kn_cuda_load_w(scales, n * G + g, sbdt), b = kn_cuda_load_w(biases, n * G + g, sbdt);
         for (int i = 0; i < per; i++) {
             const float wv = s * (float)q_code(v, i, bits) + b;

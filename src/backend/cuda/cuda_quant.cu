@@ -77,22 +77,44 @@ __global__ void qgemv_kernel(const float *x, int M, const uint32_t *q, const voi
 #define QM_BN 64
 #define QM_PAD 8 /* bf16 elements: row strides of 4 words mod 32, no bank conflicts */
 
+template <int GS>
 __global__ void __launch_bounds__(128)
     qgemm_mma_kernel(const float *__restrict__ x, int M, const uint32_t *__restrict__ q, const void *scales,
-                     const void *biases, int sbdt, int64_t N, int64_t K, int bits, int gs,
-                     const float *__restrict__ bias, float *__restrict__ out, int accumulate) {
+                     const void *biases, int sbdt, int64_t N, int64_t K, int bits, const float *__restrict__ bias,
+                     float *__restrict__ out, int accumulate) {
     extern __shared__ float4 qm_smem[];
-    const int ld = gs + QM_PAD; /* bf16 elements per staged row */
+    constexpr int SW = GS < 64 ? GS : 64, SUB = GS / SW; /* columns staged at once; stages per group */
+    constexpr int ld = SW + QM_PAD, HN = SW / 2;        /* bf16 elements per staged row; elements per staging thread */
     __nv_bfloat16 *xh = (__nv_bfloat16 *)qm_smem, *xl = xh + QM_BM * ld, *ws = xl + QM_BM * ld;
     float *ssc = (float *)(ws + QM_BN * ld), *sbi = ssc + QM_BN, *xsum = sbi + QM_BN;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g8 = lane >> 2, t4 = lane & 3;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
     const int64_t n0 = (int64_t)blockIdx.x * QM_BN;
     const int m0 = blockIdx.y * QM_BM;
-    const int per = 32 / bits;
+    const int per = 32 / bits, nw = HN / per; /* code words per staging thread */
     const uint32_t mask = (1u << bits) - 1u;
-    const int64_t words = K / per, G = K / gs;
-    const int sr = tid >> 1, half = tid & 1, hn = gs / 2; /* staging: row sr, elements [half * hn, + hn) */
+    const int64_t words = K / per, G = K / GS, n_st = K / SW;
+    const int sr = tid >> 1, half = tid & 1; /* staging: row sr, elements [half * HN, + HN) of the group */
+    const int m = m0 + sr;
+    const int64_t n = n0 + sr;
+    const float *xrow = x + (int64_t)(m < M ? m : 0) * K + half * HN;
+    const uint32_t *qrow = q + (n < N ? n : 0) * words + half * HN / per;
+    /* the next group's raw values, loaded while the current group computes */
+    float xr[HN];
+    uint32_t wr[HN / 2]; /* at most HN / per words (2-bit: HN / 16) */
+    float sraw = 0.0f, braw = 0.0f;
+    auto fetch = [&](int64_t st) { /* stage st: columns [st * SW, + SW) of group st / SUB */
+        const int64_t g = st / SUB;
+#pragma unroll
+        for (int i = 0; i < HN; i++) xr[i] = m < M ? __ldg(xrow + st * SW + i) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < HN / 2; i++)
+            if (i < nw) wr[i] = n < N ? __ldg(qrow + st * (SW / per) + i) : 0u;
+        if (!half) {
+            sraw = n < N ? kn_cuda_load_w(scales, n * G + g, sbdt) : 0.0f;
+            braw = n < N ? kn_cuda_load_w(biases, n * G + g, sbdt) : 0.0f;
+        }
+    };
     float acc[2][4][4], accg[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -100,44 +122,45 @@ __global__ void __launch_bounds__(128)
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-    for (int64_t g = 0; g < G; g++) {
-        const int64_t k0 = g * gs;
-        { /* x: two bf16 terms and the float sum of the group */
-            const int m = m0 + sr;
+    fetch(0);
+    float xs_part = 0.0f; /* this row's float sum of x over the group's stages so far */
+    for (int64_t st = 0; st < n_st; st++) {
+        const int sub = (int)(st % SUB);
+        if (sub == 0) {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) accg[i][j][e] = 0.0f;
+            xs_part = 0.0f;
+        }
+        { /* stage: x as two bf16 terms and its float sum; codes as bf16 (exact); scale and bias */
             float sum = 0.0f;
-            const float *xr = x + (int64_t)(m < M ? m : 0) * K + k0 + half * hn;
-            for (int i = 0; i < hn; i += 2) { /* x rows need no alignment */
-                const float e0 = m < M ? __ldg(xr + i) : 0.0f, e1 = m < M ? __ldg(xr + i + 1) : 0.0f;
-                const __nv_bfloat162 h = __floats2bfloat162_rn(e0, e1);
-                *(__nv_bfloat162 *)&xh[sr * ld + half * hn + i] = h;
-                *(__nv_bfloat162 *)&xl[sr * ld + half * hn + i] =
-                    __floats2bfloat162_rn(e0 - __low2float(h), e1 - __high2float(h));
-                sum += e0 + e1;
+#pragma unroll
+            for (int i = 0; i < HN; i += 2) {
+                const __nv_bfloat162 h = __floats2bfloat162_rn(xr[i], xr[i + 1]);
+                *(__nv_bfloat162 *)&xh[sr * ld + half * HN + i] = h;
+                *(__nv_bfloat162 *)&xl[sr * ld + half * HN + i] =
+                    __floats2bfloat162_rn(xr[i] - __low2float(h), xr[i + 1] - __high2float(h));
+                sum += xr[i] + xr[i + 1];
             }
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            if (!half) xsum[sr] = sum;
-        }
-        { /* codes as bf16 (exact), scale and bias of the group */
-            const int64_t n = n0 + sr;
-            const uint32_t *row = q + (n < N ? n : 0) * words + (k0 + half * hn) / per;
-            for (int i = 0; i < hn / per; i++) {
-                const uint32_t v = n < N ? __ldg(row + i) : 0u;
-                for (int c = 0; c < per; c++)
-                    ws[sr * ld + half * hn + i * per + c] = __float2bfloat16((float)((v >> (bits * c)) & mask));
-            }
-            if (!half) {
-                ssc[sr] = n < N ? kn_cuda_load_w(scales, n * G + g, sbdt) : 0.0f;
-                sbi[sr] = n < N ? kn_cuda_load_w(biases, n * G + g, sbdt) : 0.0f;
+            xs_part += sum;
+            if (!half) xsum[sr] = xs_part, ssc[sr] = sraw, sbi[sr] = braw;
+#pragma unroll
+            for (int i = 0; i < HN / 2; i++) {
+                if (i >= nw) break;
+                for (int c = 0; c < per; c += 2)
+                    *(__nv_bfloat162 *)&ws[sr * ld + half * HN + i * per + c] =
+                        __floats2bfloat162_rn((float)((wr[i] >> (bits * c)) & mask),
+                                              (float)((wr[i] >> (bits * (c + 1))) & mask));
             }
         }
         __syncthreads();
+        if (st + 1 < n_st) fetch(st + 1);
 #pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) accg[i][j][e] = 0.0f;
-        for (int kk = 0; kk < gs; kk += 16) {
+        for (int kk = 0; kk < SW; kk += 16) {
             uint32_t ah[2][4], al[2][4], b[4][2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
@@ -165,15 +188,16 @@ __global__ void __launch_bounds__(128)
                     kn_mma_bf16(accg[i][j], al[i], b[j][0], b[j][1]);
                 }
         }
+        if (sub == SUB - 1)
 #pragma unroll
-        for (int i = 0; i < 2; i++)
+            for (int i = 0; i < 2; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+                for (int j = 0; j < 4; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = wm + i * 16 + g8 + (e >= 2 ? 8 : 0), c = wn + j * 8 + 2 * t4 + (e & 1);
-                    acc[i][j][e] += ssc[c] * accg[i][j][e] + sbi[c] * xsum[r];
-                }
+                    for (int e = 0; e < 4; e++) {
+                        const int r = wm + i * 16 + g8 + (e >= 2 ? 8 : 0), c = wn + j * 8 + 2 * t4 + (e & 1);
+                        acc[i][j][e] += ssc[c] * accg[i][j][e] + sbi[c] * xsum[r];
+                    }
         __syncthreads();
     }
 #pragma unroll
@@ -182,17 +206,18 @@ __global__ void __launch_bounds__(128)
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int m = m0 + wm + i * 16 + g8 + (e >= 2 ? 8 : 0);
-                const int64_t n = n0 + wn + j * 8 + 2 * t4 + (e & 1);
-                if (m >= M || n >= N) continue;
-                const float v = acc[i][j][e] + (bias ? bias[n] : 0.0f);
-                float *dst = out + (int64_t)m * N + n;
+                const int mo = m0 + wm + i * 16 + g8 + (e >= 2 ? 8 : 0);
+                const int64_t no = n0 + wn + j * 8 + 2 * t4 + (e & 1);
+                if (mo >= M || no >= N) continue;
+                const float v = acc[i][j][e] + (bias ? bias[no] : 0.0f);
+                float *dst = out + (int64_t)mo * N + no;
                 *dst = accumulate ? *dst + v : v;
             }
 }
 
 static size_t qgemm_mma_smem(int gs) {
-    return (size_t)(2 * QM_BM + QM_BN) * (size_t)(gs + QM_PAD) * 2 + (size_t)(2 * QM_BN + QM_BM) * 4;
+    const int sw = gs < 64 ? gs : 64; /* columns staged at once */
+    return (size_t)(2 * QM_BM + QM_BN) * (size_t)(sw + QM_PAD) * 2 + (size_t)(2 * QM_BN + QM_BM) * 4;
 }
 
 __global__ void qembed_kernel(const uint32_t *q, const void *scales, const void *biases, int sbdt, int64_t rows,
@@ -230,14 +255,16 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
         return;
     }
     const size_t smem = qgemm_mma_smem(w->group_size); /* group sizes 32/64/128 (kn_quant_check) */
-    static int attr_set = 0;
-    if (smem > (48u << 10) && !attr_set) {
-        cudaFuncSetAttribute(qgemm_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)qgemm_mma_smem(128));
-        attr_set = 1;
-    }
     dim3 grid((unsigned)((w->rows + QM_BN - 1) / QM_BN), (unsigned)((M + QM_BM - 1) / QM_BM));
-    qgemm_mma_kernel<<<grid, 128, smem, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols, w->bits,
-                                             w->group_size, bias, out, accumulate);
+    if (w->group_size == 32)
+        qgemm_mma_kernel<32><<<grid, 128, smem, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols, w->bits,
+                                                     bias, out, accumulate);
+    else if (w->group_size == 64)
+        qgemm_mma_kernel<64><<<grid, 128, smem, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols, w->bits,
+                                                     bias, out, accumulate);
+    else
+        qgemm_mma_kernel<128><<<grid, 128, smem, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols, w->bits,
+                                                      bias, out, accumulate);
 }
 
 void kn_cuda_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {

@@ -15,8 +15,8 @@
  * into shared memory once (the RMSNorm prologue, when fused, is applied
  * first), then each of its 8 warps streams sets of 2 weight rows: lane j
  * takes 16-byte pieces j, j + 32, ... of both rows (32 4-bit or 16 8-bit
- * codes, always inside one group), U per row per chunk, two chunks ahead of
- * the one being computed. For
+ * codes, always inside one group), U per row per chunk, the next chunk's
+ * loads issued before the current chunk is computed. For
  * 4-bit codes the x bytes are stored in the order the nibble split produces
  * (per 8 elements: 0 2 4 6 | 1 3 5 7), so one `and` and one shift per word
  * feed two dp4a. Partial sums meet in a warp reduction; the SwiGLU epilogue
@@ -25,6 +25,7 @@
  * Launched as a programmatic dependent launch: the first weight loads go out
  * before the wait on the previous kernel (weights are immutable). */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -309,10 +310,9 @@ __device__ __forceinline__ void qg_compute(const qg_stream &st, qg_pos pos, int 
  * multiple of 32 (4-bit) or 16 (8-bit) and at most 512. A persistent grid:
  * each warp streams its column sets chunk by chunk, the next chunk's loads
  * in flight while the current one is computed, so the block's x prologue is
- * paid once and the loads never stop (two chunks in flight while a third is
- * computed: with one, each chunk waited out a whole memory latency). */
+ * paid once and the loads never stop. */
 template <int BITS, int M, int NORM, int EPI, int U>
-__global__ void __launch_bounds__(QG_WARPS * 32, 2)
+__global__ void __launch_bounds__(QG_WARPS * 32)
     k_qgemv(const float *__restrict__ x, const uint4 *__restrict__ q, const void *__restrict__ scales,
             const void *__restrict__ biases, int sbdt, int64_t N, int64_t K, int gs, const float *__restrict__ bias,
             float *__restrict__ out, int accumulate, const float *__restrict__ norm_w, float eps) {
@@ -330,12 +330,9 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2)
     const int64_t total = my_sets * st.nch;
     kn_pdl_trigger();
 
-    qg_chunk<U> ca, cb, cc;
+    qg_chunk<U> ca, cb;
     qg_pos p = {st.set0, 0};
-    /* two chunks in flight before the wait (weights only) and from then on:
-     * chunk f + 2 is requested before chunk f is used */
-    if (total > 0) qg_load<BITS, U, NR>(st, p, lane, q, scales, biases, ca);
-    if (total > 1) qg_load<BITS, U, NR>(st, qg_next(st, p), lane, q, scales, biases, cb);
+    if (total > 0) qg_load<BITS, U, NR>(st, p, lane, q, scales, biases, ca); /* before the wait: weights only */
     kn_pdl_wait();
     const qg_smem s = qg_layout(qg_dyn, M, K, gs);
     qg_quantize_x<BITS, M, NORM>(x, K, gs, norm_w, eps, s);
@@ -345,16 +342,24 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2)
     for (int r = 0; r < QG_RW; r++)
 #pragma unroll
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
-    for (int64_t f = 0; f < total; f += 3) { /* three buffers in rotation, no dynamic register indexing */
-        const qg_pos p1 = qg_next(st, p), p2 = qg_next(st, p1), p3 = qg_next(st, p2), p4 = qg_next(st, p3);
-        if (f + 2 < total) qg_load<BITS, U, NR>(st, p2, lane, q, scales, biases, cc);
+    for (int64_t f = 0; f < total; f += 2) { /* two buffers, alternating, no dynamic register indexing */
+        const qg_pos p1 = qg_next(st, p), p2 = qg_next(st, p1);
+        if (f + 1 < total) qg_load<BITS, U, NR>(st, p1, lane, q, scales, biases, cb);
         qg_compute<BITS, M, EPI, U>(st, p, lane, ca, s, K, acc, bias, out, accumulate);
-        if (f + 3 < total) qg_load<BITS, U, NR>(st, p3, lane, q, scales, biases, ca);
+        if (f + 2 < total) qg_load<BITS, U, NR>(st, p2, lane, q, scales, biases, ca);
         if (f + 1 < total) qg_compute<BITS, M, EPI, U>(st, p1, lane, cb, s, K, acc, bias, out, accumulate);
-        if (f + 4 < total) qg_load<BITS, U, NR>(st, p4, lane, q, scales, biases, cb);
-        if (f + 2 < total) qg_compute<BITS, M, EPI, U>(st, p2, lane, cc, s, K, acc, bias, out, accumulate);
-        p = p3;
+        p = p2;
     }
+}
+
+/* chunk depth: pieces per row per chunk (KILN_QGEMV_U=2|4 for experiments; default 2) */
+static int qg_depth(void) {
+    static int u = 0;
+    if (!u) {
+        const char *e = getenv("KILN_QGEMV_U");
+        u = e && atoi(e) == 4 ? 4 : 2;
+    }
+    return u;
 }
 
 template <int BITS, int M, int NORM, int EPI, int U>
@@ -394,8 +399,8 @@ static int launch_qgemv_u(kn_backend *be, const float *x, const kn_weight *w, in
 template <int BITS, int M, int NORM, int EPI>
 static int launch_qgemv(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
                         int accumulate, const float *norm_w, float eps) {
-    /* 2 pieces per row per chunk: 4 (measured on the H200) needs too many registers for 2 blocks per SM */
-    return launch_qgemv_u<BITS, M, NORM, EPI, 2>(be, x, w, N, bias, out, accumulate, norm_w, eps);
+    return qg_depth() == 4 ? launch_qgemv_u<BITS, M, NORM, EPI, 4>(be, x, w, N, bias, out, accumulate, norm_w, eps)
+                           : launch_qgemv_u<BITS, M, NORM, EPI, 2>(be, x, w, N, bias, out, accumulate, norm_w, eps);
 }
 
 template <int BITS, int M>

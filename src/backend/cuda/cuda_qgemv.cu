@@ -25,7 +25,6 @@
  * Launched as a programmatic dependent launch: the first weight loads go out
  * before the wait on the previous kernel (weights are immutable). */
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -352,16 +351,6 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     }
 }
 
-/* chunk depth: pieces per row per chunk (KILN_QGEMV_U=2|4 for experiments; default 2) */
-static int qg_depth(void) {
-    static int u = 0;
-    if (!u) {
-        const char *e = getenv("KILN_QGEMV_U");
-        u = e && atoi(e) == 4 ? 4 : 2;
-    }
-    return u;
-}
-
 template <int BITS, int M, int NORM, int EPI, int U>
 static int launch_qgemv_u(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
                           int accumulate, const float *norm_w, float eps) {
@@ -399,8 +388,8 @@ static int launch_qgemv_u(kn_backend *be, const float *x, const kn_weight *w, in
 template <int BITS, int M, int NORM, int EPI>
 static int launch_qgemv(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
                         int accumulate, const float *norm_w, float eps) {
-    return qg_depth() == 4 ? launch_qgemv_u<BITS, M, NORM, EPI, 4>(be, x, w, N, bias, out, accumulate, norm_w, eps)
-                           : launch_qgemv_u<BITS, M, NORM, EPI, 2>(be, x, w, N, bias, out, accumulate, norm_w, eps);
+    /* 2 pieces per row per chunk: 4 was slower on the H200 (1 block per SM by registers) */
+    return launch_qgemv_u<BITS, M, NORM, EPI, 2>(be, x, w, N, bias, out, accumulate, norm_w, eps);
 }
 
 template <int BITS, int M>

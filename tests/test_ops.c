@@ -55,6 +55,26 @@ static void random_weight(kn_dtype dt, int N, int K, void *wraw, float *wf) {
     }
 }
 
+/* Checks row m of a fused_matmul's output (out_n columns) against the float64
+ * pre-epilogue sums y[n] with magnitudes mag[n] (SwiGLU: gate n, up n + out_n).
+ * Returns the first failing column, or -1. */
+static int fused_row_bad(const float *got, const double *y, const double *mag, int out_n, int epi, double tol,
+                         double *want) {
+    for (int n = 0; n < out_n; n++) {
+        double ref = y[n], tol_mag = mag[n];
+        if (epi == KN_EPI_SWIGLU) {
+            const double gt = y[n], up = y[n + out_n];
+            ref = gt / (1.0 + exp(-gt)) * up;
+            tol_mag = (mag[n] + fabs(gt)) * (fabs(up) + mag[n + out_n]);
+        }
+        if (!close_to(got[n], ref, tol_mag, tol)) {
+            *want = ref;
+            return n;
+        }
+    }
+    return -1;
+}
+
 /* fused_matmul (optional op): rms_norm prologue and SwiGLU epilogue against
  * a float64 reference of the separate ops. Skipped where the backend has no
  * such op or declines the shape (then the model runs the separate ops). */
@@ -97,18 +117,12 @@ static void test_fused_matmul(kn_dtype dt, int M, int N, int K, int with_norm, i
                     y[n] += xv * wf[(int64_t)n * K + k], mag[n] += fabs(xv * wf[(int64_t)n * K + k]);
                 }
             }
-            for (int n = 0; n < out_n && bad < 3; n++) {
-                double ref = y[n], tol_mag = mag[n];
-                if (epi == KN_EPI_SWIGLU) {
-                    const double gt = y[n], up = y[n + out_n];
-                    ref = gt / (1.0 + exp(-gt)) * up;
-                    tol_mag = (mag[n] + fabs(gt)) * (fabs(up) + mag[n + out_n]);
-                }
-                if (!close_to(out[(int64_t)m * out_n + n], ref, tol_mag, 4e-6 * sqrt(K + 1.0))) {
-                    bad++;
-                    CHECK(0, "fused_matmul %s M=%d N=%d K=%d norm=%d epi=%d bias=%d at [%d,%d]: got %g want %g",
-                          kn_dtype_name(dt), M, N, K, with_norm, epi, with_bias, m, n, out[(int64_t)m * out_n + n], ref);
-                }
+            double ref;
+            const int n = fused_row_bad(out + (int64_t)m * out_n, y, mag, out_n, epi, 4e-6 * sqrt(K + 1.0), &ref);
+            if (n >= 0) {
+                bad++;
+                CHECK(0, "fused_matmul %s M=%d N=%d K=%d norm=%d epi=%d bias=%d at [%d,%d]: got %g want %g",
+                      kn_dtype_name(dt), M, N, K, with_norm, epi, with_bias, m, n, out[(int64_t)m * out_n + n], ref);
             }
         }
         free(y), free(mag);
@@ -301,19 +315,12 @@ static void test_fused_qmatmul(int bits, int gs, int M, int N, int K, int with_n
                 }
                 mag[n] += xerr * be->quant_x_rel_error / (4e-6 * sqrt(K + 1.0)); /* in the units close_to scales */
             }
-            for (int n = 0; n < out_n && bad < 3; n++) {
-                double ref = y[n], tol_mag = mag[n];
-                if (epi == KN_EPI_SWIGLU) {
-                    const double gt = y[n], up = y[n + out_n];
-                    ref = gt / (1.0 + exp(-gt)) * up;
-                    tol_mag = (mag[n] + fabs(gt)) * (fabs(up) + mag[n + out_n]);
-                }
-                if (!close_to(out[(int64_t)m * out_n + n], ref, tol_mag, 4e-6 * sqrt(K + 1.0))) {
-                    bad++;
-                    CHECK(0, "fused q%d g%d %s M=%d N=%d K=%d norm=%d epi=%d bias=%d at [%d,%d]: got %g want %g", bits,
-                          gs, kn_dtype_name(sb), M, N, K, with_norm, epi, with_bias, m, n,
-                          out[(int64_t)m * out_n + n], ref);
-                }
+            double ref;
+            const int n = fused_row_bad(out + (int64_t)m * out_n, y, mag, out_n, epi, 4e-6 * sqrt(K + 1.0), &ref);
+            if (n >= 0) {
+                bad++;
+                CHECK(0, "fused q%d g%d %s M=%d N=%d K=%d norm=%d epi=%d bias=%d at [%d,%d]: got %g want %g", bits, gs,
+                      kn_dtype_name(sb), M, N, K, with_norm, epi, with_bias, m, n, out[(int64_t)m * out_n + n], ref);
             }
         }
         free(y), free(mag), free(xv), free(gmax);

@@ -17,6 +17,7 @@
 
 #include "audio/audio.h"
 #include "audio/mel.h"
+#include "audio/mel_backend.h"
 #include "models/whisper.h"
 #include "whisper_synth.h"
 
@@ -93,9 +94,14 @@ int main(int argc, char **argv) {
         for (int i = 0; i < KN_MEL_WINDOW_SAMPLES; i++) pcm[i] = 0.1f * kn_test_rand(&s);
         kn_mel *m = NULL;
         kn_mel_create(c->n_mels, threads, &m, &err);
-        kn_mel_compute(m, pcm, KN_MEL_WINDOW_SAMPLES, KN_MEL_WINDOW_FRAMES, mel, &err); /* warm-up */
+        /* on the model's backend, as kn_transcribe (cuda: cuFFT, with the
+         * upload of the audio and the download of the mel) */
+        kn_backend *mbe = kn_whisper_backend(w);
+        if (kn_mel_compute_on(m, mbe, pcm, KN_MEL_WINDOW_SAMPLES, KN_MEL_WINDOW_FRAMES, mel, &err)) /* warm-up */
+            fprintf(stderr, "whisper_bench: mel: %s\n", err.msg);
         double t0 = now_s(), c0 = cpu_s();
-        for (int i = 0; i < windows; i++) kn_mel_compute(m, pcm, KN_MEL_WINDOW_SAMPLES, KN_MEL_WINDOW_FRAMES, mel, &err);
+        for (int i = 0; i < windows; i++)
+            kn_mel_compute_on(m, mbe, pcm, KN_MEL_WINDOW_SAMPLES, KN_MEL_WINDOW_FRAMES, mel, &err);
         double t_mel = (now_s() - t0) / windows, c_mel = (cpu_s() - c0) / windows;
         kn_whisper_encode(w, mel, &err); /* warm-up */
         t0 = now_s(), c0 = cpu_s();

@@ -9,7 +9,16 @@
  *    clean partial decode), never a crash;
  *  - log-mel of jfk.wav (80 and 128 bins) matches transformers'
  *    WhisperFeatureExtractor within 1e-4 absolute (fixtures from
- *    tools/fixtures/gen_whisper.py; a missing fixture is a failure).
+ *    tools/fixtures/gen_whisper.py; a missing fixture is a failure);
+ *  - the same through kn_mel_compute_on on the test's backend
+ *    (KILN_TEST_BACKEND, test_backend.h): vs transformers and vs the host
+ *    mel (kn_mel_compute) within 1e-4, plus silence, a signal shorter than
+ *    one frame, truncation, the two-frame minimum, and 100 s of audio whose
+ *    spectrogram spans several FFT chunks of the CUDA op, with the global
+ *    max in a later chunk than clamped frames. With KILN_TEST_BACKEND=cuda
+ *    (ctest test_audio_cuda) only these run, on the GPU, and the backend
+ *    must have the log_mel op; unset or cpu, everything runs on the host
+ *    (kn_mel_compute_on then is kn_mel_compute: results must be identical).
  */
 #include <math.h>
 #include <sndfile.h>
@@ -20,7 +29,10 @@
 
 #include "audio/audio.h"
 #include "audio/mel.h"
+#include "audio/mel_backend.h"
+#include "backend/backend.h"
 #include "io/npy.h"
+#include "test_backend.h"
 #include "test_util.h"
 
 static char jfk_path[1024];
@@ -316,12 +328,204 @@ static void test_mel_oracle(int n_mels) {
     kn_mel_free(m);
 }
 
+/* ---- the mel through a backend (kn_mel_compute_on) ------------------------ */
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double md = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= md)) md = d; /* NaN counts as the largest */
+    }
+    return md;
+}
+
+/* Bound on backend vs host mel: identical where the backend has no log_mel
+ * (the helper is kn_mel_compute itself), else 1e-4 (FFT rounding). */
+static double be_tolerance(kn_backend *be) { return be->vt->log_mel ? 1e-4 : 0.0; }
+
+/* The mel of pcm through be and on the host ([n_mels, frames] each, malloc'd
+ * into *on_be / *on_host, NULL on failure); returns max |d| (INFINITY when
+ * either failed). */
+static double mel_be_vs_host(kn_backend *be, kn_mel *m, const float *pcm, int64_t n, int64_t frames, const char *what,
+                             float **on_be, float **on_host) {
+    const size_t total = (size_t)kn_mel_n_mels(m) * (size_t)frames;
+    float *a = malloc(sizeof(float) * total), *b = malloc(sizeof(float) * total);
+    kn_error err = {0};
+    kn_code rc = a && b ? kn_mel_compute_on(m, be, pcm, n, frames, a, &err) : KN_ERR_NOMEM;
+    CHECK(rc == KN_OK, "%s: mel on %s: %s", what, be->vt->name, err.msg);
+    kn_code rh = rc ? rc : kn_mel_compute(m, pcm, n, frames, b, &err);
+    CHECK(rh == KN_OK, "%s: host mel: %s", what, err.msg);
+    double md = INFINITY;
+    if (!rc && !rh) {
+        md = max_abs_diff(a, b, total);
+        CHECK(md <= be_tolerance(be), "%s (%d mels, %lld samples, %lld frames): %s vs host mel max |d| %g > %g", what,
+              kn_mel_n_mels(m), (long long)n, (long long)frames, be->vt->name, md, be_tolerance(be));
+        printf("mel %s (%d mels, %lld frames): %s vs host max |d| = %.3g\n", what, kn_mel_n_mels(m), (long long)frames,
+               be->vt->name, md);
+    }
+    if (rc || rh) free(a), free(b), a = b = NULL;
+    if (on_be) *on_be = a;
+    else free(a);
+    if (on_host) *on_host = b;
+    else free(b);
+    return md;
+}
+
+/* jfk.wav through be vs transformers' fixture (1e-4) and vs the host mel. */
+static void test_mel_backend_oracle(kn_backend *be, int n_mels) {
+    const char *fx = kn_test_fixtures();
+    char hp[1024], tp[1024];
+    snprintf(hp, sizeof hp, "%s/whisper/mel%d_head.npy", fx, n_mels);
+    snprintf(tp, sizeof tp, "%s/whisper/mel%d_tail.npy", fx, n_mels);
+    kn_error err = {0};
+    float *head = NULL, *tail = NULL, *pcm = NULL, *mel = NULL;
+    int nd;
+    int64_t hs[4], ts[4], n = 0;
+    kn_mel *m = NULL;
+    if (kn_npy_read_f32(hp, &head, &nd, hs, &err) || kn_npy_read_f32(tp, &tail, &nd, ts, &err)) {
+        CHECK(0, "mel fixture: %s", err.msg);
+        goto done;
+    }
+    CHECK(hs[0] == n_mels && ts[0] == n_mels && hs[1] <= 3000, "fixture shapes");
+    if (kn_audio_load_file(jfk_path, 0, &pcm, &n, &err) || kn_mel_create(n_mels, 0, &m, &err)) {
+        CHECK(0, "jfk.wav mel setup: %s", err.msg);
+        goto done;
+    }
+    mel_be_vs_host(be, m, pcm, n, 3000, "jfk.wav", &mel, NULL);
+    if (mel) {
+        double md = 0;
+        const int64_t H = hs[1];
+        for (int j = 0; j < n_mels; j++)
+            for (int t = 0; t < 3000; t++) {
+                float want = t < H ? head[(size_t)j * H + t] : tail[j];
+                double d = fabs(mel[(size_t)j * 3000 + t] - want);
+                if (!(d <= md)) md = d;
+            }
+        CHECK(md <= 1e-4, "mel%d on %s vs transformers: max |d| %g > 1e-4", n_mels, be->vt->name, md);
+        printf("mel%d on %s vs transformers: max |d| = %.3g\n", n_mels, be->vt->name, md);
+    }
+done:
+    free(mel);
+    free(pcm);
+    free(head);
+    free(tail);
+    kn_mel_free(m);
+}
+
+/* Silence, short, truncated and long signals through be vs the host. */
+static void test_mel_backend_edges(kn_backend *be) {
+    kn_error err = {0};
+    kn_mel *m80 = NULL, *m128 = NULL;
+    if (kn_mel_create(80, 0, &m80, &err) || kn_mel_create(128, 0, &m128, &err)) {
+        CHECK(0, "mel create: %s", err.msg);
+        kn_mel_free(m80);
+        return;
+    }
+    uint64_t seed = 7;
+
+    /* silence, with no samples and with explicit zeros: -1.5 everywhere */
+    float *zeros = calloc(1000, sizeof(float)), *a = NULL;
+    for (int k = 0; k < 2; k++) {
+        mel_be_vs_host(be, m80, k ? zeros : NULL, k ? 1000 : 0, 3000, k ? "1000 zero samples" : "no samples", &a, NULL);
+        if (a) {
+            double md = 0;
+            for (int i = 0; i < 80 * 3000; i++) md = fmax(md, fabs(a[i] + 1.5));
+            CHECK(md <= 1e-6, "silence on %s: max |mel + 1.5| %g", be->vt->name, md);
+        }
+        free(a);
+    }
+    free(zeros);
+
+    /* fewer samples than one frame; the 2-frame minimum (320 samples, reflect
+     * padding reaching across the whole signal) */
+    float shortsig[1000];
+    for (int i = 0; i < 1000; i++) shortsig[i] = 0.5f * kn_test_rand(&seed);
+    mel_be_vs_host(be, m80, shortsig, 100, 3000, "100 samples", NULL, NULL);
+    mel_be_vs_host(be, m128, shortsig, 100, 2, "100 samples", NULL, NULL);
+    mel_be_vs_host(be, m80, shortsig, 1000, 2, "1000 samples truncated", NULL, NULL);
+    mel_be_vs_host(be, m80, shortsig, 399, 3, "399 samples", NULL, NULL);
+
+    /* jfk.wav (176000 samples) truncated to 5 s, and cut exactly at its length */
+    float *pcm = NULL;
+    int64_t n = 0;
+    if (kn_audio_load_file(jfk_path, 0, &pcm, &n, &err) == KN_OK) {
+        mel_be_vs_host(be, m80, pcm, n, 500, "jfk.wav truncated to 5 s", NULL, NULL);
+        mel_be_vs_host(be, m128, pcm, n, n / KN_MEL_HOP, "jfk.wav at its length", NULL, NULL);
+        free(pcm);
+    } else {
+        CHECK(0, "jfk.wav: %s", err.msg);
+    }
+
+    /* 100 s: noise at 0.01 with 10 s of silence at 10-20 s, then noise at 1.0
+     * from 85 s; long-form framing (audio + 30 s of zeros: 13000 frames), so
+     * the CUDA op's FFT chunks (8192 frames) split it, silent frames of the
+     * first chunk are clamped by the global max found in the second */
+    const int64_t nl = 100 * 16000, frames = nl / KN_MEL_HOP + KN_MEL_WINDOW_FRAMES;
+    float *lsig = malloc(sizeof(float) * (size_t)nl);
+    for (int64_t i = 0; i < nl; i++) {
+        float amp = i < 10 * 16000 ? 0.01f : i < 20 * 16000 ? 0.0f : i < 85 * 16000 ? 0.01f : 1.0f;
+        lsig[i] = amp * kn_test_rand(&seed);
+    }
+    float *host = NULL;
+    for (int k = 0; k < 2; k++) {
+        kn_mel *m = k ? m128 : m80;
+        const int nm = kn_mel_n_mels(m);
+        mel_be_vs_host(be, m, lsig, nl, frames, "100 s noise + silence", NULL, &host);
+        if (!host) continue;
+        /* the signal does what it is meant to: the max in the second chunk,
+         * clamped values (the minimum, max - 2 after (x+4)/4) in the first */
+        float vmax = -INFINITY, vmin = INFINITY;
+        int64_t tmax = -1, clamped_early = 0;
+        for (int j = 0; j < nm; j++)
+            for (int64_t t = 0; t < frames; t++) {
+                const float v = host[(size_t)j * frames + t];
+                if (v > vmax) vmax = v, tmax = t;
+                if (v < vmin) vmin = v;
+            }
+        for (int j = 0; j < nm; j++)
+            for (int64_t t = 0; t < 8192; t++) clamped_early += host[(size_t)j * frames + t] == vmin;
+        CHECK(tmax >= 8192 && fabsf(vmin - (vmax - 2.0f)) < 1e-5f && clamped_early > 0,
+              "long signal: max %g at frame %lld, min %g, %lld clamped values before frame 8192", vmax,
+              (long long)tmax, vmin, (long long)clamped_early);
+        free(host);
+    }
+    /* one frame past a full chunk */
+    mel_be_vs_host(be, m80, lsig, nl, 8193, "100 s truncated to 8193 frames", NULL, NULL);
+    free(lsig);
+
+    /* the helper's own argument checks */
+    float out[80 * 2];
+    CHECK(kn_mel_compute_on(m80, be, shortsig, 100, 1, out, &err) == KN_ERR_INVALID_ARG, "1 frame accepted on %s",
+          be->vt->name);
+    CHECK(kn_mel_compute_on(m80, be, NULL, 100, 2, out, &err) == KN_ERR_INVALID_ARG, "NULL pcm accepted on %s",
+          be->vt->name);
+    kn_mel_free(m80);
+    kn_mel_free(m128);
+}
+
 int main(void) {
     snprintf(jfk_path, sizeof jfk_path, "%s/audio/jfk.wav", kn_test_fixtures());
-    test_decode();
-    test_resample_sine();
-    test_mel_silence();
-    test_mel_oracle(80);
-    test_mel_oracle(128);
-    return kn_test_done("test_audio");
+    const char *bn = getenv("KILN_TEST_BACKEND");
+    const int host_only = !bn || !strcmp(bn, "cpu");
+    kn_backend *be = NULL;
+    int rc = kn_test_backend_open("test_audio", 0, &be);
+    if (rc) return rc;
+    if (host_only) {
+        test_decode();
+        test_resample_sine();
+        test_mel_silence();
+        test_mel_oracle(80);
+        test_mel_oracle(128);
+    } else {
+        /* an accelerator backend is asked for: its mel is what is tested */
+        CHECK(be->vt->log_mel, "the %s backend has no log_mel op", be->vt->name);
+        printf("test_audio: mel on the %s backend\n", be->vt->name);
+    }
+    if (host_only || be->vt->log_mel) {
+        test_mel_backend_oracle(be, 80);
+        test_mel_backend_oracle(be, 128);
+        test_mel_backend_edges(be);
+    }
+    kn_backend_destroy(be);
+    return kn_test_done(host_only ? "test_audio" : "test_audio (backend mel)");
 }

@@ -24,6 +24,7 @@ expect_error "not a readable audio file" "$KILN" mel "$TMP/junk.wav" --out "$TMP
 expect_error "cannot open" "$KILN" mel "$TMP/nope.wav" --out "$TMP/x.npy"
 expect_error "80 or 128" "$KILN" mel "$JFK" --n-mels 64 --out "$TMP/x.npy"
 expect_error "missing --out" "$KILN" mel "$JFK"
+expect_error "unknown backend" "$KILN" mel "$JFK" --backend tpu --out "$TMP/x.npy"
 
 # logits --mel: float32 [n_ids, vocab]
 ids=$(tr -d '\n' <"$W/reference.json" | sed -n 's/.*"teacher_ids": *\[\([^]]*\)\].*/\1/p' | tr -d ' ')

@@ -290,6 +290,21 @@ typedef struct kn_backend_vtbl {
     int (*rope_kv_write)(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q_heads,
                          int n_kv_heads, int head_dim, const int32_t *pos, const kn_rope_table *rope,
                          const kn_kv_layer *kv, const int32_t *slots);
+    /* ---- whisper front end ---- */
+    /* optional (NULL: callers compute the mel on the host, audio/mel.h):
+     * Whisper's log-mel spectrogram, the numbers of kn_mel_compute. pcm
+     * [n_samples] (16 kHz mono; may be unused when n_samples is 0) is taken
+     * as a signal of exactly n_frames * 160 samples (zero-padded or
+     * truncated); frame t is samples [t*160 - 200, t*160 + 200) of it,
+     * reflect-padded at both ends, times the periodic Hann window of 400;
+     * power of its 201 rFFT bins; projected on filters [n_mels, 201] (the
+     * Slaney bank, kn_mel_filters) summing in double; log10(max(mel, 1e-10));
+     * clamped below at (max over all of out) - 8; then (x + 4) / 4 into out
+     * [n_mels, n_frames]. n_frames >= 2, 1 <= n_mels <= 512. pcm, filters
+     * and out are backend memory. Returns when out is complete (a resource
+     * call: device allocation and FFT failures are errors, not prints). */
+    kn_code (*log_mel)(kn_backend *be, const float *pcm, int64_t n_samples, int64_t n_frames, const float *filters,
+                       int n_mels, float *out, kn_error *err);
 } kn_backend_vtbl;
 
 enum { KN_EPI_NONE = 0, KN_EPI_SWIGLU = 1 };

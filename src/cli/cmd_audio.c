@@ -6,6 +6,8 @@
 
 #include "audio/audio.h"
 #include "audio/mel.h"
+#include "audio/mel_backend.h"
+#include "backend/backend.h"
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "engine/transcribe.h"
@@ -13,17 +15,20 @@
 #include "io/npy.h"
 #include "models/whisper.h"
 
+/* --backend cpu (default) computes the mel with kissfft on the host; cuda
+ * with cuFFT on the GPU (the backend's log_mel op). */
 int kn_cmd_mel(int argc, char **argv) {
-    const char *audio = NULL, *out = NULL;
+    const char *audio = NULL, *out = NULL, *backend = "cpu";
     long n_mels = 80, n_threads = 0;
     kn_error err = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         kn_code rc = KN_OK;
-        if (!strcmp(a, "--n-mels") || !strcmp(a, "--out") || !strcmp(a, "--threads")) {
+        if (!strcmp(a, "--n-mels") || !strcmp(a, "--out") || !strcmp(a, "--threads") || !strcmp(a, "--backend")) {
             if (!v) return kn_cli_usage_error("%s needs a value", a);
             if (!strcmp(a, "--out")) out = v;
+            else if (!strcmp(a, "--backend")) backend = v;
             else if (!strcmp(a, "--threads")) rc = kn_parse_int(a, v, 0, 4096, &n_threads, &err);
             else {
                 rc = kn_parse_int(a, v, 1, 512, &n_mels, &err);
@@ -41,11 +46,14 @@ int kn_cmd_mel(int argc, char **argv) {
     float *pcm = NULL, *mel = NULL;
     int64_t n = 0;
     kn_mel *m = NULL;
-    kn_code rc = kn_audio_load_file(audio, 0, &pcm, &n, &err);
+    kn_backend *be = NULL; /* NULL: the host mel (kn_mel_compute) */
+    kn_code rc = KN_OK;
+    if (strcmp(backend, "cpu")) rc = kn_backend_create(backend, (int)n_threads, &be, &err);
+    if (!rc) rc = kn_audio_load_file(audio, 0, &pcm, &n, &err);
     if (!rc) rc = kn_mel_create((int)n_mels, (int)n_threads, &m, &err);
     if (!rc) {
         mel = malloc(sizeof(float) * (size_t)n_mels * KN_MEL_WINDOW_FRAMES);
-        rc = mel ? kn_mel_compute(m, pcm, n, KN_MEL_WINDOW_FRAMES, mel, &err)
+        rc = mel ? kn_mel_compute_on(m, be, pcm, n, KN_MEL_WINDOW_FRAMES, mel, &err)
                  : kn_fail(&err, KN_ERR_NOMEM, "out of memory");
     }
     if (!rc) {
@@ -58,6 +66,7 @@ int kn_cmd_mel(int argc, char **argv) {
     free(mel);
     free(pcm);
     kn_mel_free(m);
+    kn_backend_destroy(be);
     return rc ? kn_cli_error(&err) : 0;
 }
 

@@ -9,7 +9,9 @@
  * zero-padded in mel space, as openai-whisper and transformers' long-form
  * generate. The seek advances to the last complete segment's end timestamp
  * (or a whole window when the window ends on a single timestamp or has no
- * timestamps). */
+ * timestamps). The spectrogram is computed once, on the model's backend
+ * (audio/mel_backend.h: cuFFT on CUDA), and windows are cut from it on the
+ * host. */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -20,6 +22,7 @@
 
 #include "audio/audio.h"
 #include "audio/mel.h"
+#include "audio/mel_backend.h"
 #include "engine/transcribe.h"
 #include "engine/word_timing.h"
 
@@ -141,7 +144,8 @@ kn_code kn_transcribe(kn_whisper *w, const float *pcm, int64_t n_samples, const 
     ids_vec all = {0};
     kn_code rc = mel && window ? KN_OK : kn_fail(err, KN_ERR_NOMEM, "out of memory for the spectrogram");
     if (!rc) rc = kn_mel_create(n_mels, 0, &mm, err);
-    if (!rc) rc = kn_mel_compute(mm, pcm, n_samples, total_frames, mel, err);
+    /* on the model's backend: cuFFT on CUDA, kissfft on the CPU */
+    if (!rc) rc = kn_mel_compute_on(mm, kn_whisper_backend(w), pcm, n_samples, total_frames, mel, err);
     out->mel_seconds = now_s() - t0;
     if (rc) goto done;
 

@@ -524,6 +524,7 @@ kn_code kn_whisper_open(const char *dir, const kn_whisper_options *o, kn_whisper
 
 const kn_whisper_config *kn_whisper_cfg(const kn_whisper *w) { return &w->cfg; }
 const char *kn_whisper_describe(const kn_whisper *w) { return w->desc; }
+kn_backend *kn_whisper_backend(kn_whisper *w) { return w->be; }
 
 /* ---- forward ------------------------------------------------------------------ */
 

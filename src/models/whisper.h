@@ -49,6 +49,7 @@ typedef struct {
 } kn_whisper_config;
 
 typedef struct kn_whisper kn_whisper;
+typedef struct kn_backend kn_backend;
 
 typedef struct {
     const char *backend; /* "cpu" (default) or "cuda" */
@@ -63,6 +64,9 @@ kn_code kn_whisper_open(const char *dir, const kn_whisper_options *o, kn_whisper
 void kn_whisper_close(kn_whisper *w);
 const kn_whisper_config *kn_whisper_cfg(const kn_whisper *w);
 const char *kn_whisper_describe(const kn_whisper *w);
+/* The backend w runs on (owned by w, valid until kn_whisper_close; the mel
+ * front end runs there too, see audio/mel_backend.h). */
+kn_backend *kn_whisper_backend(kn_whisper *w);
 
 /* Run the encoder on mel (host, [n_mels, 2 * max_source_positions], i.e.
  * [n_mels, 3000]) and compute every decoder layer's cross-attention K/V.

@@ -518,6 +518,7 @@ static const kn_backend_vtbl cpu_vtbl = {
     .rms_match = kn_cpu_rms_match,
     .gaussian_topk = kn_cpu_gaussian_topk,
     .sample_rows = cpu_sample_rows,
+    /* log_mel NULL: the host mel is audio/mel.c, which kn_mel_compute_on calls */
 };
 
 /* Attention scratch holds one score row per thread; sized for the longest

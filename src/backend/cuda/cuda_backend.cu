@@ -33,6 +33,9 @@ extern "C" void kn_cuda_gaussian_topk(kn_backend *be, float *x, int64_t x_stride
 extern "C" void kn_cuda_sample_rows(kn_backend *be, float *x, int rows, int V, const kn_sample_params *params,
                                     const kn_logit_edit *edits, int32_t *out);
 extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a);
+/* cuda_mel.cu */
+extern "C" kn_code kn_cuda_log_mel(kn_backend *be, const float *pcm, int64_t n_samples, int64_t n_frames,
+                                   const float *filters, int n_mels, float *out, kn_error *err);
 
 typedef kn_cuda_backend cuda_backend;
 
@@ -596,6 +599,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     kn_cuda_stream_mix, kn_cuda_rms_match, kn_cuda_gaussian_topk, /* cuda_ops_models.cu (gemma3n) */
     kn_cuda_sample_rows,       /* cuda_sample.cu */
     cu_rope_kv_write,
+    kn_cuda_log_mel,           /* cuda_mel.cu (cuFFT) */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

@@ -376,6 +376,8 @@ static void test_quant_ops(void) {
     test_qmatmul(4, 64, 130, 75, 640, 1, KN_DT_BF16); /* several KC blocks, M tiles, odd N */
     test_qmatmul(4, 64, 1, 300, 14336, 0, KN_DT_BF16); /* decode GEMV: several pieces per lane and row */
     test_qmatmul(8, 128, 2, 33, 4096, 1, KN_DT_F16);
+    test_qmatmul(4, 32, 2, 71, 8192, 1, KN_DT_F32); /* CUDA bulk-copy GEMV with f32 scales, odd N */
+    test_qmatmul(8, 64, 1, 129, 3072, 0, KN_DT_BF16); /* 8-bit, a partial last chunk per row */
     for (int m = 1; m <= 2; m++) /* decode fusions over codes: norm prologue, SwiGLU epilogue */
         for (int b = 0; b < 2; b++) {
             const int bt = b ? 8 : 4;

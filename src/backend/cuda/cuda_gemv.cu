@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int m = 0; m < M; m++) {
             const float *xm = x + (int64_t)m * K;
             float ss = 0.0f;
+#pragma unroll 4 /* the loads of several iterations in flight: one L2 round trip, not four */
             for (int64_t j = (int64_t)tid * 4; j < K; j += GEMV_WARPS * 32 * 4) {
                 float4 v = __ldg((const float4 *)(xm + j));
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
@@ -135,6 +136,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
             for (int i = 0; i < GEMV_WARPS; i++) tot += red[i];
             __syncthreads();
             const float inv = 1.0f / sqrtf(tot / (float)K + eps);
+#pragma unroll 4
             for (int64_t j = (int64_t)tid * 4; j < K; j += GEMV_WARPS * 32 * 4) {
                 float4 v = __ldg((const float4 *)(xm + j)), g = __ldg((const float4 *)(norm_w + j));
                 *(float4 *)(xw + (int64_t)m * K + j) =

@@ -447,14 +447,14 @@ static void check_server_chat(void) {
 /* The kernels behind batched decode: a matmul row's result must not depend
  * on how many rows share the call (1..16 rows, f32 and bf16 weights), bit
  * for bit, so a batched decode gives exactly the solo logits. */
-static void check_matmul_batch_invariance(void) {
+static void check_matmul_batch_invariance_k(int64_t K) {
     kn_backend *be;
     kn_error err = {0};
     if (kn_backend_create(getenv("KILN_TEST_BACKEND"), 2, &be, &err)) {
         CHECK(0, "backend: %s", err.msg);
         return;
     }
-    const int64_t N = 300, K = 200; /* K not a multiple of 32: tails too */
+    const int64_t N = 300;
     float *wf = malloc((size_t)(N * K) * sizeof *wf);
     uint16_t *wb = malloc((size_t)(N * K) * sizeof *wb);
     float *xh = malloc(16 * (size_t)K * sizeof *xh), *o1 = malloc((size_t)N * sizeof *o1),
@@ -484,13 +484,19 @@ static void check_matmul_batch_invariance(void) {
                 kn_be_download(be, o1, out, (size_t)N * 4);
                 same = !memcmp(o1, om + (int64_t)r * N, (size_t)N * 4);
             }
-            CHECK(same, "%s matmul: a row of a %d-row call differs from the same row alone", d ? "bf16" : "f32", M);
+            CHECK(same, "%s matmul K=%lld: a row of a %d-row call differs from the same row alone", d ? "bf16" : "f32",
+                  (long long)K, M);
         }
         kn_be_weight_free(be, &w);
     }
     kn_be_free(be, x), kn_be_free(be, out);
     free(wf), free(wb), free(xh), free(o1), free(om);
     kn_backend_destroy(be);
+}
+
+static void check_matmul_batch_invariance(void) {
+    check_matmul_batch_invariance_k(200); /* K not a multiple of 32: scalar tail */
+    check_matmul_batch_invariance_k(232); /* and a 32-element step past the last 64 */
 }
 
 int main(int argc, char **argv) {

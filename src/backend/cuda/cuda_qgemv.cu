@@ -280,6 +280,24 @@ __device__ __forceinline__ qg_pos qg_next(const qg_stream &st, qg_pos p) {
     return p;
 }
 
+/* warp's stream in a persistent grid over N output columns (C per set) of a
+ * K-wide matrix with groups of gs (a power of two), chunks of 32 * U pieces
+ * per row; *total = the number of chunks it computes */
+template <int BITS, int C>
+__device__ __forceinline__ qg_stream qg_stream_of(int64_t N, int64_t K, int gs, int sbdt, int U, int warp,
+                                                  int64_t *total) {
+    constexpr int E = 128 / BITS;
+    qg_stream st;
+    st.N = N, st.P = K / E, st.G = K / gs, st.gshift = __ffs(gs) - 1, st.sbdt = sbdt;
+    st.nch = (int)((st.P + 32 * U - 1) / (32 * U));
+    st.n_sets = (N + C - 1) / C;
+    st.set0 = (int64_t)blockIdx.x * QG_WARPS + warp, st.stride = (int64_t)gridDim.x * QG_WARPS;
+    const int64_t my_sets = st.set0 < st.n_sets ? (st.n_sets - st.set0 + st.stride - 1) / st.stride : 0;
+    *total = my_sets * st.nch;
+    return st;
+}
+
+
 template <int BITS, int U, int NR>
 __device__ __forceinline__ void qg_load(const qg_stream &st, qg_pos pos, int lane, const uint4 *__restrict__ q,
                                         const void *__restrict__ scales, const void *__restrict__ biases,
@@ -380,15 +398,9 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     extern __shared__ float4 qg_dyn[];
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1; /* weight rows per output column */
     constexpr int C = QG_RW / NR;                    /* output columns per set */
-    constexpr int E = 128 / BITS;                    /* codes per 16-byte piece */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    qg_stream st;
-    st.N = N, st.P = K / E, st.G = K / gs, st.gshift = __ffs(gs) - 1, st.sbdt = sbdt; /* gs a power of two */
-    st.nch = (int)((st.P + 32 * U - 1) / (32 * U));
-    st.n_sets = (N + C - 1) / C;
-    st.set0 = (int64_t)blockIdx.x * QG_WARPS + warp, st.stride = (int64_t)gridDim.x * QG_WARPS;
-    const int64_t my_sets = st.set0 < st.n_sets ? (st.n_sets - st.set0 + st.stride - 1) / st.stride : 0;
-    const int64_t total = my_sets * st.nch;
+    int64_t total;
+    const qg_stream st = qg_stream_of<BITS, C>(N, K, gs, sbdt, U, warp, &total);
     kn_pdl_trigger();
 
     qg_chunk<U> ca, cb;
@@ -553,15 +565,10 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
                  const float *__restrict__ bias, float *__restrict__ out, int accumulate,
                  const float *__restrict__ norm_w, float eps) {
     extern __shared__ float4 qg_dyn[];
-    constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR, E = 128 / BITS;
+    constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    qg_stream st;
-    st.N = N, st.P = K / E, st.G = K / gs, st.gshift = __ffs(gs) - 1, st.sbdt = sbdt;
-    st.nch = (int)((st.P + 32 * QB_U - 1) / (32 * QB_U));
-    st.n_sets = (N + C - 1) / C;
-    st.set0 = (int64_t)blockIdx.x * QG_WARPS + warp, st.stride = (int64_t)gridDim.x * QG_WARPS;
-    const int64_t my_sets = st.set0 < st.n_sets ? (st.n_sets - st.set0 + st.stride - 1) / st.stride : 0;
-    const int64_t total = my_sets * st.nch;
+    int64_t total;
+    const qg_stream st = qg_stream_of<BITS, C>(N, K, gs, sbdt, QB_U, warp, &total);
     const int S = gm.stages;
 
     uint8_t *base = (uint8_t *)qg_dyn;

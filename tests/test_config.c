@@ -220,6 +220,9 @@ int main(void) {
     expect_error("{\"model_type\": \"llama\", ", KN_ERR_FORMAT, "invalid JSON");
     expect_error("{\"model_type\": \"llama\", " BASE ", \"num_hidden_layers\": 100000}", KN_ERR_UNSUPPORTED, "layers");
     expect_error("{\"model_type\": \"phi3\", " BASE ", \"partial_rotary_factor\": 0.01}", KN_ERR_FORMAT, "rotary");
+    expect_error("{\"model_type\": \"llama\", " BASE ", \"partial_rotary_factor\": 1e200}", KN_ERR_FORMAT,
+                 "outside (0, 1]"); /* found by fuzz_config: a float-to-int conversion out of range */
+    expect_error("{\"model_type\": \"phi3\", " BASE ", \"partial_rotary_factor\": -2}", KN_ERR_FORMAT, "outside");
     CHECK(parse("{\"model_type\": \"llama\", " BASE "}", "{\"eos_token_id\": \"x\"}", &c, &err) == KN_ERR_FORMAT &&
               strstr(err.msg, "eos_token_id"), "bad generation config");
     return kn_test_done("test_config");

@@ -152,6 +152,11 @@ static int parse_rope_obj(cfg_ctx *c, json_t *root, json_t *rs, double theta_def
     if (get_num(c, root, "partial_rotary_factor", 1.0, &r->partial_rotary_factor)) return -1;
     if (rs && get_num(c, rs, "partial_rotary_factor", r->partial_rotary_factor, &r->partial_rotary_factor))
         return -1;
+    if (!(r->partial_rotary_factor > 0.0 && r->partial_rotary_factor <= 1.0)) { /* NaN too */
+        c->code = kn_fail(c->err, KN_ERR_FORMAT, "%s: partial_rotary_factor %g is outside (0, 1]", c->where,
+                          r->partial_rotary_factor);
+        return -1;
+    }
     r->type = KN_ROPE_DEFAULT;
     r->factor = 1.0;
     r->truncate = 1;

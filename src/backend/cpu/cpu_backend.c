@@ -142,20 +142,25 @@ static void cpu_matmul_f32(cpu_backend *c, const float *x, int M, const kn_weigh
  * waiting at the barrier. x in f32, or xb: x rounded to bf16 (gemv_bf16). */
 static void gemv_chunks(cpu_backend *c, const float *x, const uint16_t *xb, int M, const kn_weight *w,
                         const float *bias, float *out) {
-    /* Chunks of up to 1 MB of weights: each a long linear stream (the
-     * hardware prefetcher needs a run to ramp up; 64 KB chunks were slower
-     * than 256 rows, 1 MB faster, on the 2-core VM), yet at least 4 per
-     * thread so that neither thread waits long for the other's last one. An
-     * even number of rows (row pairs for several x rows). */
-    const int64_t row_bytes = w->cols * (int64_t)kn_dtype_size(w->dtype);
-    const int64_t total = row_bytes * w->rows, per = (int64_t)4 * c->base.n_threads;
-    int64_t chunk_bytes = total / per < (64 << 10) ? (64 << 10) : total / per > (1 << 20) ? (1 << 20) : total / per;
-    int64_t chunk = row_bytes > 0 ? chunk_bytes / row_bytes : 256;
-    chunk = chunk < 16 ? 16 : chunk & ~(int64_t)1;
-    const int64_t N = w->rows, n_chunks = (N + chunk - 1) / chunk;
+    /* Chunks of up to 1 MB of weights, each a long linear stream (the
+     * hardware prefetcher needs a run to ramp up: 64 KB chunks throughout
+     * were slower than 256 rows, 1 MB faster, on the 2-core VM), at least 4
+     * per thread; the last quarter of the rows goes in 64 KB chunks, so that
+     * a thread finishing early waits at most one short chunk for the other.
+     * Even numbers of rows (row pairs for several x rows). */
+    const int64_t N = w->rows, row_bytes = w->cols * (int64_t)kn_dtype_size(w->dtype);
+    const int64_t total = row_bytes * N, per = (int64_t)4 * c->base.n_threads;
+    const int64_t big_bytes = total / per < (64 << 10) ? (64 << 10) : total / per > (1 << 20) ? (1 << 20) : total / per;
+    int64_t big = row_bytes > 0 ? big_bytes / row_bytes : 256, small = row_bytes > 0 ? (64 << 10) / row_bytes : 16;
+    big = big < 16 ? 16 : big & ~(int64_t)1;
+    small = small < 16 ? 16 : small > big ? big : small & ~(int64_t)1;
+    const int64_t tail = N / 4 / small * small, head = N - tail;
+    const int64_t n_big = (head + big - 1) / big, n_chunks = n_big + (tail + small - 1) / small;
 #pragma omp parallel for num_threads(c->base.n_threads) schedule(dynamic, 1)
     for (int64_t ch = 0; ch < n_chunks; ch++) {
-        int64_t n0 = ch * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        int64_t n0, n1;
+        if (ch < n_big) n0 = ch * big, n1 = n0 + big < head ? n0 + big : head;
+        else n0 = head + (ch - n_big) * small, n1 = n0 + small < N ? n0 + small : N;
         if (xb) c->k->gemv_bf16(xb, M, w, bias, out, n0, n1);
         else c->k->gemv(x, M, w, bias, out, n0, n1);
     }

@@ -586,8 +586,39 @@ ALWAYS_INLINE __m512 bf16x16(const uint8_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+/* dot_rows_bf16 for head_dim = 16 nv: each key row widened once (nv
+ * registers, constant indices) for all ng query vectors; the sums of the
+ * general loop below, in its order */
+ALWAYS_INLINE void dot_rows_bf16_widened(const float *q, int ng, int D, const uint8_t *rows, int64_t stride, int n,
+                                         float *s, int64_t ld, const int nv) {
+    for (int j = 0; j < n; j++) {
+        const uint8_t *r = rows + j * stride;
+        if (j + 2 < n) _mm_prefetch((const char *)(r + 2 * stride), _MM_HINT_T0);
+        __m512 kr[16];
+#pragma GCC unroll 16
+        for (int v = 0; v < nv; v++) kr[v] = bf16x16(r + 32 * v);
+        for (int g = 0; g < ng; g++) {
+            const float *qg = q + (int64_t)g * D;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+#pragma GCC unroll 8
+            for (int v = 0; v + 2 <= nv; v += 2) {
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * v), kr[v], a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * v + 16), kr[v + 1], a1);
+            }
+            if (nv % 2) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * (nv - 1)), kr[nv - 1], a0);
+            s[(int64_t)g * ld + j] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        }
+    }
+}
+
 static void dot_rows_bf16_avx512(const float *q, int ng, int D, const uint8_t *rows, int64_t stride, int n, float *s,
                                  int64_t ld) {
+    switch (D) { /* the common head sizes */
+    case 64: dot_rows_bf16_widened(q, ng, D, rows, stride, n, s, ld, 4); return;
+    case 128: dot_rows_bf16_widened(q, ng, D, rows, stride, n, s, ld, 8); return;
+    case 256: dot_rows_bf16_widened(q, ng, D, rows, stride, n, s, ld, 16); return;
+    default: break;
+    }
     for (int j = 0; j < n; j++) {
         const uint8_t *r = rows + j * stride;
         if (j + 2 < n) _mm_prefetch((const char *)(r + 2 * stride), _MM_HINT_T0);
@@ -605,22 +636,44 @@ static void dot_rows_bf16_avx512(const float *q, int ng, int D, const uint8_t *r
     }
 }
 
+/* acc_g += sum_j w[g][j] * row_j for the ng query vectors: 64 columns of up
+ * to 4 vectors' accumulators in registers over all n rows, each row's 64
+ * bf16 values widened once for those vectors (the sums run over j in order,
+ * as before) */
 static void axpy_rows_bf16_avx512(float *acc, int ng, int D, const uint8_t *rows, int64_t stride, int n,
                                   const float *w, int64_t ld) {
-    for (int g = 0; g < ng; g++)
-        for (int d0 = 0; d0 < D; d0 += 64) { /* 64 columns of acc_g in registers over all n rows */
-            const int nv = D - d0 >= 64 ? 4 : (D - d0) / 16;
-            float *ag = acc + (int64_t)g * D + d0;
-            __m512 a[4];
-            for (int v = 0; v < 4; v++) a[v] = v < nv ? _mm512_loadu_ps(ag + 16 * v) : _mm512_setzero_ps();
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        const int nv = D - d0 >= 64 ? 4 : (D - d0) / 16;
+        for (int g0 = 0; g0 < ng; g0 += 4) {
+            const int gb = ng - g0 < 4 ? ng - g0 : 4;
+            __m512 a[4][4];
+#pragma GCC unroll 4
+            for (int gi = 0; gi < 4; gi++)
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++)
+                    a[gi][v] = gi < gb && v < nv ? _mm512_loadu_ps(acc + (int64_t)(g0 + gi) * D + d0 + 16 * v)
+                                                 : _mm512_setzero_ps();
             for (int j = 0; j < n; j++) {
                 const uint8_t *r = rows + j * stride + 2 * d0;
-                const __m512 wj = _mm512_set1_ps(w[(int64_t)g * ld + j]);
-                for (int v = 0; v < 4; v++)
-                    if (v < nv) a[v] = _mm512_fmadd_ps(wj, bf16x16(r + 32 * v), a[v]);
+                __m512 kv[4];
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) kv[v] = v < nv ? bf16x16(r + 32 * v) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+                for (int gi = 0; gi < 4; gi++) {
+                    if (gi >= gb) break;
+                    const __m512 wj = _mm512_set1_ps(w[(int64_t)(g0 + gi) * ld + j]);
+#pragma GCC unroll 4
+                    for (int v = 0; v < 4; v++)
+                        if (v < nv) a[gi][v] = _mm512_fmadd_ps(wj, kv[v], a[gi][v]);
+                }
             }
-            for (int v = 0; v < nv; v++) _mm512_storeu_ps(ag + 16 * v, a[v]);
+#pragma GCC unroll 4
+            for (int gi = 0; gi < 4; gi++)
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++)
+                    if (gi < gb && v < nv) _mm512_storeu_ps(acc + (int64_t)(g0 + gi) * D + d0 + 16 * v, a[gi][v]);
         }
+    }
 }
 
 /* ---- softmax and SiLU pieces ---------------------------------------------- */

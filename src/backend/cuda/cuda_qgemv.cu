@@ -225,6 +225,22 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
     __syncthreads();
 }
 
+/* After a kernel's weight-only loads: wait for the previous kernel, quantize
+ * x into the block's shared memory at base (returned as its layout) and
+ * zero the warp's sums. */
+template <int BITS, int M, int NORM>
+__device__ __forceinline__ qg_smem qg_begin(void *base, const float *__restrict__ x, int64_t K, int gs,
+                                            const float *__restrict__ norm_w, float eps, float (*acc)[M]) {
+    kn_pdl_wait();
+    const qg_smem s = qg_layout(base, M, K, gs);
+    qg_quantize_x<BITS, M, NORM>(x, K, gs, norm_w, eps, s);
+#pragma unroll
+    for (int r = 0; r < QG_RW; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
+    return s;
+}
+
 /* sum over one 16-byte piece of codes of q * (256 h + l); x terms at xh / xl
  * (4-bit: the piece's second half `plane` bytes further) */
 template <int BITS>
@@ -406,15 +422,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
     qg_chunk<U> ca, cb;
     qg_pos p = {st.set0, 0};
     if (total > 0) qg_load<BITS, U, NR>(st, p, lane, q, scales, biases, ca); /* before the wait: weights only */
-    kn_pdl_wait();
-    const qg_smem s = qg_layout(qg_dyn, M, K, gs);
-    qg_quantize_x<BITS, M, NORM>(x, K, gs, norm_w, eps, s);
-
     float acc[QG_RW][M];
-#pragma unroll
-    for (int r = 0; r < QG_RW; r++)
-#pragma unroll
-        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
+    const qg_smem s = qg_begin<BITS, M, NORM>(qg_dyn, x, K, gs, norm_w, eps, acc);
     for (int64_t f = 0; f < total; f += 2) { /* two buffers, alternating, no dynamic register indexing */
         const qg_pos p1 = qg_next(st, p), p2 = qg_next(st, p1);
         if (f + 1 < total) qg_load<BITS, U, NR>(st, p1, lane, q, scales, biases, cb);
@@ -586,15 +595,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
         if (lane == 0) qb_issue<BITS, NR>(st, gm, pl, q, scales, biases, bufs + (size_t)f * gm.stage_bytes, bars + f);
         pl = qg_next(st, pl);
     }
-    kn_pdl_wait();
-    const qg_smem s = qg_layout(qg_dyn, M, K, gs);
-    qg_quantize_x<BITS, M, NORM>(x, K, gs, norm_w, eps, s);
-
     float acc[QG_RW][M];
-#pragma unroll
-    for (int r = 0; r < QG_RW; r++)
-#pragma unroll
-        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
+    const qg_smem s = qg_begin<BITS, M, NORM>(qg_dyn, x, K, gs, norm_w, eps, acc);
     qg_pos p = {st.set0, 0};
     int stage = 0;
     uint32_t parity = 0;

@@ -1,32 +1,21 @@
 /* cuda_attention.cu — paged grouped-query attention on the GPU (the
- * `attention` op of backend.h), flash-style: an online softmax over the keys,
- * so no score row is materialized and any context length works.
+ * `attention` op of backend.h): it routes each run of tokens to a kernel.
  *
- * One block per (query token, KV head, head group, key split). The GB query
- * heads of a group share their KV head, so every cached key/value row is read
- * once for all of them (GQA). Each warp walks a strided subset of the block's
- * keys: lane l owns head dims l, l+32, ... (coalesced 128-byte row reads), the
- * GB dot products are finished with warp butterflies, and each warp keeps a
- * running max m, sum l and unnormalized output per head. Warps are merged in
- * shared memory. When there are few (token, head) pairs — batch-1 decode — the
- * keys are also split across blocks (split-K flash-decode) and a second kernel
- * merges the splits' (m, l, acc) triples. The split count depends only on the
- * batch shape, never on the context length, so a captured CUDA graph stays
- * valid as sequences grow.
+ * Tokens attended one at a time (decode, scattered positions) go to the
+ * split-K flash-decode kernel in cuda_kv.cu, which reads every cache format,
+ * float32 and bf16 rows included.
  *
  * Prefill runs (>= ATT_GEMM_MIN_RUN consecutive positions of one sequence,
- * known from the host mirrors of pos/seq) go through tensor cores instead:
+ * known from the host mirrors of pos/seq) go to the fused tensor-core kernel
+ * (cuda_flash_prefill.cu) where it covers the shape, else through cuBLAS:
  * the run's keys/values are gathered from the paged cache into contiguous
  * [kv_head][ctx][hd] buffers, S = Q K^T is one strided-batched GEMM per KV
  * head (its G query heads stacked), a masked softmax writes P, O = P V is a
  * second batched GEMM, and O is scattered back to the token-major output.
- * compute_dtype picks BF16/F16 tensor cores or exact F32 GEMMs.
+ * compute_dtype picks BF16/F16 tensor cores or exact F32 GEMMs. Caches in
+ * other formats are gathered through kn_cuda_kv_gather.
  *
- * Caches in other formats (base/kv_codec.h) decode in cuda_kv.cu; the GEMM
- * path gathers them through kn_cuda_kv_gather.
- *
- * Invariants: float32 or bf16 K/V slots [n_kv_heads * head_dim] per token
- * here (other formats: cuda_kv.cu), block tables of int32, positions attended
+ * Invariants: block tables of int32, positions attended
  * [max(0, pos - window + 1), pos]. */
 #include <cublas_v2.h>
 #include <float.h>
@@ -34,9 +23,6 @@
 
 #include "backend/cuda/cuda_internal.h"
 
-#define ATT_WARPS 4
-#define ATT_MAX_SPLITS 32
-#define ATT_NEG (-1e30f)
 
 __device__ float block_sum_att(float v, float *sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -55,144 +41,6 @@ __device__ float block_max_att(float v, float *sh) {
     float t = -INFINITY;
     for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) t = fmaxf(t, sh[i]);
     return t;
-}
-
-/* Per (token, head, split) partial: m, l, then head_dim accumulators. */
-/* element i of a float (BF = false) or bf16 (BF = true) K/V store */
-template <bool BF> __device__ __forceinline__ float kv_elem(const void *p, int64_t i) {
-    if (BF) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
-    return ((const float *)p)[i];
-}
-
-template <int NI, int GB, bool BF>
-__global__ void __launch_bounds__(ATT_WARPS * 32)
-    k_flash_attention(kn_attention_args a, kn_kv_layer kv, int n_groups, int n_splits, float *partial) {
-    kn_pdl_trigger();
-    const int t = blockIdx.x, kvh = blockIdx.y / n_groups, grp = blockIdx.y % n_groups, split = blockIdx.z;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int hd = kv.head_dim, bs = kv.block_size;
-    const int G = a.n_heads / kv.n_kv_heads, h0 = kvh * G + grp * GB;
-    const int64_t slot_w = (int64_t)kv.n_kv_heads * hd;
-    const int32_t *bt = a.block_tables + (int64_t)a.seq[t] * a.max_blocks;
-    const int p = a.pos[t];
-    const int lo = (a.window > 0 && p - a.window + 1 > 0) ? p - a.window + 1 : 0;
-    const int n = p - lo + 1, per = (n + n_splits - 1) / n_splits;
-    const int j0 = lo + split * per, j1 = min(p + 1, j0 + per);
-
-    float q[GB][NI], acc[GB][NI], m[GB], l[GB];
-#pragma unroll
-    for (int g = 0; g < GB; g++) {
-        const float *qh = a.q + (int64_t)t * a.q_stride + (int64_t)(h0 + g) * hd;
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            int d = lane + 32 * i;
-            q[g][i] = d < hd ? qh[d] * a.scale : 0.0f;
-            acc[g][i] = 0.0f;
-        }
-        m[g] = ATT_NEG, l[g] = 0.0f;
-    }
-    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
-        const int64_t base = ((int64_t)bt[j / bs] * bs + j % bs) * slot_w + (int64_t)kvh * hd;
-        float kr[NI], vr[NI];
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            int d = lane + 32 * i;
-            kr[i] = d < hd ? kv_elem<BF>(kv.k, base + d) : 0.0f;
-            vr[i] = d < hd ? kv_elem<BF>(kv.v, base + d) : 0.0f;
-        }
-#pragma unroll
-        for (int g = 0; g < GB; g++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NI; i++) s += q[g][i] * kr[i];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
-            float mn = fmaxf(m[g], s), c = expf(m[g] - mn), e = expf(s - mn);
-            l[g] = l[g] * c + e;
-#pragma unroll
-            for (int i = 0; i < NI; i++) acc[g][i] = acc[g][i] * c + e * vr[i];
-            m[g] = mn;
-        }
-    }
-    /* merge the warps: each writes (m, l, acc) per head, warp 0 combines */
-    extern __shared__ float sh[]; /* [ATT_WARPS][GB][2 + 32*NI] */
-    const int row = 2 + 32 * NI;
-#pragma unroll
-    for (int g = 0; g < GB; g++) {
-        float *r = sh + ((int64_t)warp * GB + g) * row;
-        if (lane == 0) r[0] = m[g], r[1] = l[g];
-#pragma unroll
-        for (int i = 0; i < NI; i++) r[2 + lane + 32 * i] = acc[g][i];
-    }
-    __syncthreads();
-    for (int g = warp; g < GB; g += ATT_WARPS) {
-        float M = ATT_NEG;
-        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sh[((int64_t)w * GB + g) * row]);
-        float L = 0.0f, o[NI];
-#pragma unroll
-        for (int i = 0; i < NI; i++) o[i] = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++) {
-            const float *r = sh + ((int64_t)w * GB + g) * row;
-            float c = expf(r[0] - M);
-            L += r[1] * c;
-#pragma unroll
-            for (int i = 0; i < NI; i++) o[i] += r[2 + lane + 32 * i] * c;
-        }
-        const int h = h0 + g;
-        if (n_splits == 1) {
-            float *out = a.out + ((int64_t)t * a.n_heads + h) * hd;
-            float inv = L > 0.0f ? 1.0f / L : 0.0f;
-#pragma unroll
-            for (int i = 0; i < NI; i++)
-                if (lane + 32 * i < hd) out[lane + 32 * i] = o[i] * inv;
-        } else {
-            float *pr = partial + (((int64_t)t * a.n_heads + h) * n_splits + split) * (2 + hd);
-            if (lane == 0) pr[0] = M, pr[1] = L;
-#pragma unroll
-            for (int i = 0; i < NI; i++)
-                if (lane + 32 * i < hd) pr[2 + lane + 32 * i] = o[i];
-        }
-    }
-}
-
-/* Merge key splits: one block per (token, head). */
-__global__ void k_flash_merge(const float *partial, int n_splits, int hd, int n_heads, float *out) {
-    kn_pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y;
-    const float *pr = partial + ((int64_t)t * n_heads + h) * n_splits * (2 + hd);
-    float M = ATT_NEG, L = 0.0f;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, pr[s * (2 + hd)]);
-    for (int s = 0; s < n_splits; s++) L += pr[s * (2 + hd) + 1] * expf(pr[s * (2 + hd)] - M);
-    float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < n_splits; s++) o += pr[s * (2 + hd) + 2 + d] * expf(pr[s * (2 + hd)] - M);
-        out[((int64_t)t * n_heads + h) * hd + d] = o * inv;
-    }
-}
-
-template <int NI, int GB>
-static void launch(kn_backend *be, const kn_attention_args *a, int n_groups, int n_splits, float *partial) {
-    dim3 grid((unsigned)a->n_tokens, (unsigned)(a->kv->n_kv_heads * n_groups), (unsigned)n_splits);
-    size_t smem = (size_t)ATT_WARPS * GB * (2 + 32 * NI) * sizeof(float);
-    if (a->kv->k_fmt == KN_KVF_BF16)
-        k_flash_attention<NI, GB, true><<<grid, ATT_WARPS * 32, smem, kn_cuda_stream(be)>>>(*a, *a->kv, n_groups,
-                                                                                            n_splits, partial);
-    else
-        k_flash_attention<NI, GB, false><<<grid, ATT_WARPS * 32, smem, kn_cuda_stream(be)>>>(*a, *a->kv, n_groups,
-                                                                                             n_splits, partial);
-}
-
-template <int NI>
-static void launch_ni(kn_backend *be, const kn_attention_args *a, int gb, int n_splits, float *partial) {
-    int n_groups = a->n_heads / a->kv->n_kv_heads / gb;
-    switch (gb) {
-    case 8: launch<NI, 8>(be, a, n_groups, n_splits, partial); break;
-    case 4: launch<NI, 4>(be, a, n_groups, n_splits, partial); break;
-    case 2: launch<NI, 2>(be, a, n_groups, n_splits, partial); break;
-    default: launch<NI, 1>(be, a, n_groups, n_splits, partial); break;
-    }
 }
 
 /* ---- GEMM path for prefill runs ----------------------------------------- */
@@ -317,76 +165,38 @@ static int attention_gemm(kn_backend *be, const kn_attention_args *a, int t0, in
     return 1;
 }
 
-static void attention_flash(kn_backend *be, const kn_attention_args *a);
+/* tokens [t0, t0 + n) of a through the flash-decode kernel */
+static void decode_tokens(kn_backend *be, const kn_attention_args *a, int t0, int n) {
+    kn_attention_args sub = *a;
+    sub.q = a->q + (int64_t)t0 * a->q_stride, sub.out = a->out + (int64_t)t0 * a->n_heads * a->kv->head_dim;
+    sub.pos = a->pos + t0, sub.seq = a->seq + t0, sub.n_tokens = n;
+    sub.pos_host = a->pos_host + t0, sub.seq_host = a->seq_host + t0;
+    kn_cuda_flash_decode(be, &sub);
+}
 
 void kn_cuda_attention(kn_backend *be, const kn_attention_args *a) {
     if (!a->pos_host || !a->seq_host || a->n_tokens < ATT_GEMM_MIN_RUN) {
-        attention_flash(be, a);
+        kn_cuda_flash_decode(be, a);
         return;
     }
     /* split the tokens into same-sequence runs of consecutive positions */
-    const int hd = a->kv->head_dim;
     int t = 0, flash_from = 0;
-    kn_attention_args sub = *a;
     while (t < a->n_tokens) {
         int e = t + 1;
         while (e < a->n_tokens && a->seq_host[e] == a->seq_host[t] && a->pos_host[e] == a->pos_host[e - 1] + 1) e++;
         if (e - t >= ATT_GEMM_MIN_RUN) {
             if (t > flash_from) { /* the short runs before this one */
-                sub.q = a->q + (int64_t)flash_from * a->q_stride, sub.out = a->out + (int64_t)flash_from * a->n_heads * hd;
-                sub.pos = a->pos + flash_from, sub.seq = a->seq + flash_from, sub.n_tokens = t - flash_from;
-                attention_flash(be, &sub);
+                decode_tokens(be, a, flash_from, t - flash_from);
             }
             if (!attention_gemm(be, a, t, e - t)) {
-                sub.q = a->q + (int64_t)t * a->q_stride, sub.out = a->out + (int64_t)t * a->n_heads * hd;
-                sub.pos = a->pos + t, sub.seq = a->seq + t, sub.n_tokens = e - t;
-                attention_flash(be, &sub);
+                decode_tokens(be, a, t, e - t);
             }
             flash_from = e;
         }
         t = e;
     }
     if (a->n_tokens > flash_from) {
-        sub.q = a->q + (int64_t)flash_from * a->q_stride, sub.out = a->out + (int64_t)flash_from * a->n_heads * hd;
-        sub.pos = a->pos + flash_from, sub.seq = a->seq + flash_from, sub.n_tokens = a->n_tokens - flash_from;
-        attention_flash(be, &sub);
+        decode_tokens(be, a, flash_from, a->n_tokens - flash_from);
     }
 }
 
-static void attention_flash(kn_backend *be, const kn_attention_args *a) {
-    const int plain = (a->kv->k_fmt == KN_KVF_F32 && a->kv->v_fmt == KN_KVF_F32) ||
-                      (a->kv->k_fmt == KN_KVF_BF16 && a->kv->v_fmt == KN_KVF_BF16);
-    if (!plain) { /* compressed rows: cuda_kv.cu */
-        kn_cuda_attention_kv(be, a);
-        return;
-    }
-    const int hd = a->kv->head_dim, G = a->n_heads / a->kv->n_kv_heads;
-    const int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
-    /* enough blocks to fill the GPU twice over; split keys when the batch
-     * shape alone does not */
-    const int blocks = a->n_tokens * a->n_heads / gb, target = 2 * kn_cuda_sm_count(be);
-    int n_splits = blocks >= target ? 1 : (target + blocks - 1) / blocks;
-    if (n_splits > ATT_MAX_SPLITS) n_splits = ATT_MAX_SPLITS;
-    if (a->pos_host) { /* no more splits than the context bucket fills (>= 128 keys each) */
-        int max_pos = 0;
-        for (int t = 0; t < a->n_tokens; t++) max_pos = a->pos_host[t] > max_pos ? a->pos_host[t] : max_pos;
-        int by_ctx = (kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT) / 128;
-        if (n_splits > by_ctx) n_splits = by_ctx > 0 ? by_ctx : 1;
-    }
-    float *partial = NULL;
-    if (n_splits > 1) {
-        size_t bytes = (size_t)a->n_tokens * a->n_heads * n_splits * (2 + hd) * sizeof(float);
-        partial = (float *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTENTION, bytes);
-        if (!partial) n_splits = 1;
-    }
-    const int ni = (hd + 31) / 32;
-    if (ni <= 1) launch_ni<1>(be, a, gb, n_splits, partial);
-    else if (ni <= 2) launch_ni<2>(be, a, gb, n_splits, partial);
-    else if (ni <= 4) launch_ni<4>(be, a, gb, n_splits, partial);
-    else launch_ni<8>(be, a, gb, n_splits, partial);
-    if (n_splits > 1) {
-        dim3 grid((unsigned)a->n_tokens, (unsigned)a->n_heads);
-        k_flash_merge<<<grid, hd >= 128 ? 128 : 64, 0, kn_cuda_stream(be)>>>(partial, n_splits, hd, a->n_heads,
-                                                                             a->out);
-    }
-}

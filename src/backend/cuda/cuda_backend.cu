@@ -74,6 +74,7 @@ void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes) {
     c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
     size_t want = bytes + bytes / 4;
     if (cudaMalloc(&c->scratch[slot], want) != cudaSuccess) return NULL;
+    check(cudaMemsetAsync(c->scratch[slot], 0, want, c->stream), "scratch zero");
     c->scratch_bytes[slot] = want;
     return c->scratch[slot];
 }
@@ -313,6 +314,7 @@ __device__ __forceinline__ void rope_block(float *x, int64_t stride, int n_heads
 __global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
                        int rot_dim, float scale) {
     kn_pdl_trigger();
+    kn_pdl_wait();
     rope_block(x, stride, n_heads, head_dim, pos, inv_freq, rot_dim, scale);
 }
 
@@ -324,6 +326,7 @@ __global__ void k_rope_kv(float *x, const float *v, int64_t stride, int n_q, int
                           const int32_t *pos, const float *inv_freq, int rot_dim, float scale, void *kc, void *vc,
                           const int32_t *slots) {
     kn_pdl_trigger();
+    kn_pdl_wait();
     rope_block(x, stride, n_heads, head_dim, pos, inv_freq, rot_dim, scale);
     const int t = blockIdx.x, h0 = blockIdx.y * ROPE_HEADS;
     __syncthreads();
@@ -346,6 +349,7 @@ __global__ void k_rope_kv(float *x, const float *v, int64_t stride, int n_q, int
 __global__ void k_kv_write(float *kc, float *vc, const float *k, const float *v, int64_t stride, int64_t w,
                            const int32_t *slots) {
     kn_pdl_trigger();
+    kn_pdl_wait();
     int t = blockIdx.x;
     for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
         kc[(int64_t)slots[t] * w + j] = k[t * stride + j];
@@ -357,6 +361,7 @@ __global__ void k_kv_write(float *kc, float *vc, const float *k, const float *v,
 __global__ void k_kv_write_bf16(uint16_t *kc, uint16_t *vc, const float *k, const float *v, int64_t stride, int64_t w,
                                 const int32_t *slots) {
     kn_pdl_trigger();
+    kn_pdl_wait();
     int t = blockIdx.x;
     for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
         kc[(int64_t)slots[t] * w + j] = __bfloat16_as_ushort(__float2bfloat16(k[t * stride + j]));
@@ -504,7 +509,9 @@ static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int 
                     const int32_t *pos, const kn_rope_table *r) {
     const int rhalf = r->rot_dim / 2, threads = rhalf >= 128 ? 128 : (rhalf + 31) / 32 * 32;
     dim3 grid((unsigned)n_tokens, (unsigned)((n_heads + ROPE_HEADS - 1) / ROPE_HEADS));
-    if (rhalf > 0) k_rope<<<grid, threads, 0, S>>>(x, stride, n_heads, head_dim, pos, r->inv_freq, r->rot_dim, r->attn_scale);
+    if (rhalf > 0)
+        kn_cuda_launch(be, k_rope, grid, dim3(threads), 0, x, stride, n_heads, head_dim, pos, r->inv_freq, r->rot_dim,
+                       r->attn_scale);
 }
 static int cu_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q_heads,
                             int n_kv_heads, int head_dim, const int32_t *pos, const kn_rope_table *r,
@@ -515,27 +522,23 @@ static int cu_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t s
         return 0;
     const int rhalf = r->rot_dim / 2, threads = rhalf >= 128 ? 128 : (rhalf + 31) / 32 * 32, nh = n_q_heads + n_kv_heads;
     dim3 grid((unsigned)n_tokens, (unsigned)((nh + ROPE_HEADS - 1) / ROPE_HEADS));
-    if (bf16)
-        k_rope_kv<true><<<grid, threads, 0, S>>>(qk, v, stride, n_q_heads, nh, head_dim, pos, r->inv_freq, r->rot_dim,
-                                                 r->attn_scale, kv->k, kv->v, slots);
-    else
-        k_rope_kv<false><<<grid, threads, 0, S>>>(qk, v, stride, n_q_heads, nh, head_dim, pos, r->inv_freq,
-                                                  r->rot_dim, r->attn_scale, kv->k, kv->v, slots);
+    kn_cuda_launch(be, bf16 ? k_rope_kv<true> : k_rope_kv<false>, grid, dim3(threads), 0, qk, v, stride, n_q_heads, nh,
+                   head_dim, pos, r->inv_freq, r->rot_dim, r->attn_scale, kv->k, kv->v, slots);
     return 1;
 }
 static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                         int n_tokens, const int32_t *slots) {
     if (kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16) {
-        k_kv_write_bf16<<<n_tokens, 256, 0, S>>>((uint16_t *)kv->k, (uint16_t *)kv->v, k, v, stride,
-                                                 (int64_t)kv->n_kv_heads * kv->head_dim, slots);
+        kn_cuda_launch(be, k_kv_write_bf16, dim3(n_tokens), dim3(256), 0, (uint16_t *)kv->k, (uint16_t *)kv->v, k, v,
+                       stride, (int64_t)kv->n_kv_heads * kv->head_dim, slots);
         return;
     }
     if (kv->k_fmt != KN_KVF_F32 || kv->v_fmt != KN_KVF_F32) { /* quantize on write: cuda_kv.cu */
         kn_cuda_kv_write(be, kv, k, v, stride, n_tokens, slots);
         return;
     }
-    k_kv_write<<<n_tokens, 256, 0, S>>>((float *)kv->k, (float *)kv->v, k, v, stride,
-                                        (int64_t)kv->n_kv_heads * kv->head_dim, slots);
+    kn_cuda_launch(be, k_kv_write, dim3(n_tokens), dim3(256), 0, (float *)kv->k, (float *)kv->v, k, v, stride,
+                   (int64_t)kv->n_kv_heads * kv->head_dim, slots);
 }
 static void cu_attention(kn_backend *be, const kn_attention_args *a) { kn_cuda_attention(be, a); }
 static void cu_swiglu(kn_backend *be, const float *gu, int rows, int dim, float *out) {

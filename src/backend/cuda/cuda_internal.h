@@ -15,6 +15,16 @@ extern "C" {
 
 #define KN_CUDA_MAX_GRAPHS 64
 
+/* Slots of kn_cuda_scratch. */
+enum {
+    KN_CUDA_SCRATCH_ATTENTION = 0, /* split-K decode partials */
+    KN_CUDA_SCRATCH_SPLIT_COUNT,   /* split-K decode: blocks done per head group (kept zero between launches) */
+    KN_CUDA_SCRATCH_GEMM_X,
+    KN_CUDA_SCRATCH_ATTN_GEMM,
+    KN_CUDA_SCRATCH_GEMM_OUT,
+    KN_CUDA_SCRATCH_COUNT
+};
+
 /* The CUDA backend's state (one device, one stream). */
 typedef struct {
     kn_backend base;
@@ -25,8 +35,8 @@ typedef struct {
      * when no copy from it can still be pending */
     char *staging;
     size_t staging_bytes, staging_used;
-    void *scratch[4];
-    size_t scratch_bytes[4]; /* [KN_CUDA_SCRATCH_COUNT] */
+    void *scratch[KN_CUDA_SCRATCH_COUNT];
+    size_t scratch_bytes[KN_CUDA_SCRATCH_COUNT];
     void *blas, *blas_workspace; /* cublasHandle_t, lazily created */
     int blas_failed;
     struct kn_cuda_lt *lt; /* cuBLASLt handle + autotuned algorithms (cuda_gemm.cu) */
@@ -46,16 +56,10 @@ cudaStream_t kn_cuda_stream(kn_backend *be);
 /* Number of streaming multiprocessors of the backend's device. */
 int kn_cuda_sm_count(kn_backend *be);
 
-/* Backend-owned device scratch, one buffer per slot, grown on demand (never
- * while a graph is being captured: the first, eager run of every batch shape
- * sizes it). NULL when the device is out of memory. */
-enum {
-    KN_CUDA_SCRATCH_ATTENTION = 0,
-    KN_CUDA_SCRATCH_GEMM_X,
-    KN_CUDA_SCRATCH_ATTN_GEMM,
-    KN_CUDA_SCRATCH_GEMM_OUT,
-    KN_CUDA_SCRATCH_COUNT
-};
+/* Backend-owned device scratch, one buffer per slot (enum above the backend
+ * struct), grown on demand (never while a graph is being captured: the first,
+ * eager run of every batch shape sizes it). A grown buffer starts zeroed. NULL
+ * when the device is out of memory. */
 void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes);
 
 /* Op families implemented in their own files. */
@@ -64,11 +68,12 @@ void kn_cuda_attention(kn_backend *be, const kn_attention_args *a);
  * the fused tensor-core prefill kernel (cuda_flash_prefill.cu). 0 when the
  * shape/dtype is not covered (nothing enqueued). */
 int kn_cuda_flash_prefill(kn_backend *be, const kn_attention_args *a, int t0, int len);
-/* Compressed KV formats (cuda_kv.cu): quantize-on-write, fused flash decode,
- * and the prefill chunk gather into [n_kv][ctx][hd] of elem (KN_DT_F32/BF16/F16). */
+/* KV row formats (cuda_kv.cu): quantize-on-write for the compressed ones,
+ * split-K flash decode for every format (tokens attended one by one), and the
+ * prefill chunk gather into [n_kv][ctx][hd] of elem (KN_DT_F32/BF16/F16). */
 void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                       int n_tokens, const int32_t *slots);
-void kn_cuda_attention_kv(kn_backend *be, const kn_attention_args *a);
+void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a);
 void kn_cuda_kv_gather(kn_backend *be, const kn_kv_layer *kv, const int32_t *bt, int k0, int ctx, void *kc, void *vc,
                        int elem);
 /* out[M,N] = x[M,K] . W^T (+ bias) through cuBLAS (tensor cores for

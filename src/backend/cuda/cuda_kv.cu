@@ -1,31 +1,39 @@
-/* cuda_kv.cu — KV caches in compressed row formats (base/kv_codec.h) on the
- * GPU: quantize-on-write, the fused split-K flash-decode kernel that reads
- * compressed K/V directly, and the per-chunk dequantizing gather the prefill
- * GEMM path uses. The float32 layout stays in cuda_attention.cu.
+/* cuda_kv.cu — the KV cache's row formats on the GPU: quantize-on-write for
+ * the compressed formats (base/kv_codec.h), the split-K flash-decode kernel
+ * every format's decode attention runs (float32 and bf16 rows included), and
+ * the per-chunk dequantizing gather the prefill GEMM path uses.
  *
  * Decode (k_flash_kv): one block per (query token, KV head, head group, key
- * split), as k_flash_attention: lane l of a warp owns head dims l, l+32, ...
- * and decodes exactly those elements of each stored key/value row (no
- * dequantized copy of the cache). tq keys are compared with the query
- * rotated by the same transform (a warp Walsh-Hadamard: shuffles across
- * lanes, register pairs across the lane's elements); rotated values are
- * accumulated in the rotated domain and every output row is un-rotated once
- * after the splits are merged (k_unrotate_rows). The format pair is a
- * template parameter for the presets (the decode switch folds away) and a
- * runtime value otherwise.
+ * split). The GB query heads of a group share their KV head, so every cached
+ * row is read once for all of them (GQA). Lane l of a warp owns head dims l,
+ * l+32, ... and decodes exactly those elements of each stored key/value row
+ * (no dequantized copy of the cache); each warp walks a strided subset of the
+ * split's keys, several rows' loads in flight at once, keeping a running max
+ * m, sum l and unnormalized output per head, and the warps meet in shared
+ * memory. When the batch shape alone does not fill the GPU (batch-1 decode)
+ * the keys are split across blocks; the last block of a head group to finish
+ * merges the splits' (m, l, acc) triples, so one launch does it all. tq keys
+ * are compared with the query rotated by the same transform (a warp
+ * Walsh-Hadamard: shuffles across lanes, register pairs across the lane's
+ * elements); rotated values are accumulated in the rotated domain and every
+ * output row is un-rotated once as it is written (write_head). The format
+ * pair is a template parameter for the presets (the decode switch folds away)
+ * and a runtime value otherwise.
  *
  * Encode (k_kv_write_fmt): one thread per (token, KV head) row running the
  * very encoder the CPU runs (kn_kv_encode), so both backends store the same
  * codes up to float rounding.
  *
  * Invariants: head_dim <= 512 (rotated formats: 64/128/256/512), rows of
- * kn_kv_row_bytes(fmt, head_dim) bytes, block tables of int32. */
+ * kn_kv_row_bytes(fmt, head_dim) bytes, block tables of int32, positions
+ * attended [max(0, pos - window + 1), pos]. */
 #include <stdio.h>
 
 #include "backend/cuda/cuda_internal.h"
 
 #define KVF_WARPS 4
-#define KVF_MAX_SPLITS 32
+#define KVF_MAX_SPLITS 32 /* merge_splits: one lane per split */
+#define KVF_MIN_SPLIT_KEYS 32
 #define KVF_NEG (-1e30f)
 #define KVF_RUNTIME (-1)
 
@@ -74,35 +82,86 @@ template <int NI> __device__ __forceinline__ void warp_fwht(float (&x)[NI], int 
     }
 }
 
-/* rows [n_rows][D] in place: x = s * H(y) / sqrt(D); one warp per row */
-template <int NI> __global__ void k_unrotate_rows(float *out, int n_rows, int D, const float *signs) {
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= n_rows) return;
-    float *o = out + (int64_t)row * D;
-    float x[NI];
+/* one head's normalized output o (elements lane + 32 i) -> out; values
+ * stored rotated are un-rotated here, x = s * H(y) / sqrt(D) */
+template <int NI>
+__device__ __forceinline__ void write_head(float (&o)[NI], float *out, int D, int lane, int rotated, const float *signs) {
+    if (rotated) {
+        warp_fwht<NI>(o, lane, D);
+        const float r = rsqrtf((float)D);
 #pragma unroll
-    for (int i = 0; i < NI; i++) x[i] = lane + 32 * i < D ? o[lane + 32 * i] : 0.0f;
-    warp_fwht<NI>(x, lane, D);
-    const float r = rsqrtf((float)D);
+        for (int i = 0; i < NI; i++) o[i] = lane + 32 * i < D ? o[i] * r * signs[lane + 32 * i] : 0.0f;
+    }
 #pragma unroll
     for (int i = 0; i < NI; i++)
-        if (lane + 32 * i < D) o[lane + 32 * i] = x[i] * r * signs[lane + 32 * i];
+        if (lane + 32 * i < D) out[lane + 32 * i] = o[i];
 }
 
-static void unrotate_rows(kn_backend *be, float *out, int n_rows, int D, const float *signs) {
-    const dim3 grid((unsigned)((n_rows + 3) / 4));
-    cudaStream_t st = kn_cuda_stream(be);
-    if (D <= 64) k_unrotate_rows<2><<<grid, 128, 0, st>>>(out, n_rows, D, signs);
-    else if (D <= 128) k_unrotate_rows<4><<<grid, 128, 0, st>>>(out, n_rows, D, signs);
-    else if (D <= 256) k_unrotate_rows<8><<<grid, 128, 0, st>>>(out, n_rows, D, signs);
-    else k_unrotate_rows<16><<<grid, 128, 0, st>>>(out, n_rows, D, signs);
+/* ---- fused split-K flash decode ------------------------------------------------- */
+
+/* element d of a stored row: plain formats by one aligned load, the others
+ * through the shared codec */
+template <int KF>
+__device__ __forceinline__ float kv_at(int f, const uint8_t *row, int d, int hd, const kn_kv_aux *aux) {
+    if (KF == KN_KVF_BF16) return __uint_as_float((uint32_t)((const uint16_t *)row)[d] << 16);
+    if (KF == KN_KVF_F32) return ((const float *)row)[d];
+    return kn_kv_elem(f, row, d, hd, aux);
 }
 
-/* ---- fused split-K flash decode over compressed rows ------------------------------ */
+/* The last of a (token, head group)'s n_splits blocks to finish merges their
+ * partials; true in that block. Each block's partial writes are made visible
+ * before it counts itself; the last one resets the counter for the next
+ * launch. */
+__device__ __forceinline__ bool split_is_last(int *counter, int n_splits) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1) == n_splits - 1;
+        if (last) *counter = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+/* one head's n_splits (<= 32) partials (m, l, acc[hd]) -> out[hd]; a warp */
+template <int NI>
+__device__ __forceinline__ void merge_splits(const float *pr, int n_splits, int hd, float *out, int lane, int rotated,
+                                             const float *signs) {
+    const int rw = 2 + hd;
+    const float ms = lane < n_splits ? __ldcg(pr + lane * rw) : KVF_NEG;
+    float M = ms;
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float c = lane < n_splits ? expf(ms - M) : 0.0f;
+    float L = lane < n_splits ? __ldcg(pr + lane * rw + 1) * c : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    float acc[NI];
+#pragma unroll
+    for (int i = 0; i < NI; i++) acc[i] = 0.0f;
+    for (int s = 0; s < n_splits; s++) {
+        const float cs = __shfl_sync(0xffffffffu, c, s);
+#pragma unroll
+        for (int i = 0; i < NI; i++)
+            if (lane + 32 * i < hd) acc[i] += __ldcg(pr + s * rw + 2 + lane + 32 * i) * cs;
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+    for (int i = 0; i < NI; i++) acc[i] *= inv;
+    write_head<NI>(acc, out, hd, lane, rotated, signs);
+}
 
 template <int NI, int GB, int KF, int VF>
 __global__ void __launch_bounds__(KVF_WARPS * 32)
-    k_flash_kv(kn_attention_args a, kn_kv_layer kv, int n_groups, int n_splits, float *partial) {
+    k_flash_kv(kn_attention_args a, kn_kv_layer kv, int n_groups, int n_splits, float *partial, int *counters) {
+    /* keys whose loads are issued together by a warp: registers permitting,
+     * fewer for decoded formats (code size), one for the runtime switch */
+    constexpr bool plain = (KF == KN_KVF_F32 || KF == KN_KVF_BF16) && (VF == KN_KVF_F32 || VF == KN_KVF_BF16);
+    constexpr int UF = KF < 0 || VF < 0 ? 1 : plain ? 4 : 2;
+    constexpr int UR = NI * GB <= 16 ? 4 : NI * GB <= 32 ? 2 : 1;
+    constexpr int U = UF < UR ? UF : UR;
+    kn_pdl_trigger();
+    kn_pdl_wait(); /* q, the cache and the positions come from earlier kernels */
     const int t = blockIdx.x, kvh = blockIdx.y / n_groups, grp = blockIdx.y % n_groups, split = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hd = kv.head_dim, bs = kv.block_size, nkv = kv.n_kv_heads;
@@ -137,29 +196,39 @@ __global__ void __launch_bounds__(KVF_WARPS * 32)
         }
         m[g] = KVF_NEG, l[g] = 0.0f;
     }
-    for (int j = j0 + warp; j < j1; j += KVF_WARPS) {
-        const int64_t row = ((int64_t)bt[j / bs] * bs + j % bs) * nkv + kvh;
-        const uint8_t *kr_row = K + row * kb, *vr_row = V + row * vb;
-        float kr[NI], vr[NI];
+    /* warp w takes keys j0 + w, j0 + w + KVF_WARPS, ... in order, U at a time:
+     * all U rows are loaded before the first is used */
+    for (int j = j0 + warp; j < j1; j += KVF_WARPS * U) {
+        float kr[U][NI], vr[U][NI];
 #pragma unroll
-        for (int i = 0; i < NI; i++) {
-            int d = lane + 32 * i;
-            kr[i] = d < hd ? kn_kv_elem(kf, kr_row, d, hd, &ak) : 0.0f;
-            vr[i] = d < hd ? kn_kv_elem(vf, vr_row, d, hd, &av) : 0.0f;
+        for (int u = 0; u < U; u++) {
+            const int jj = j + u * KVF_WARPS < j1 ? j + u * KVF_WARPS : j; /* past the split: reload j, unused */
+            const int64_t row = ((int64_t)bt[jj / bs] * bs + jj % bs) * nkv + kvh;
+            const uint8_t *kr_row = K + row * kb, *vr_row = V + row * vb;
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                int d = lane + 32 * i;
+                kr[u][i] = d < hd ? kv_at<KF>(kf, kr_row, d, hd, &ak) : 0.0f;
+                vr[u][i] = d < hd ? kv_at<VF>(vf, vr_row, d, hd, &av) : 0.0f;
+            }
         }
 #pragma unroll
-        for (int g = 0; g < GB; g++) {
-            float s = 0.0f;
+        for (int u = 0; u < U; u++) {
+            if (j + u * KVF_WARPS >= j1) break; /* warp-uniform */
 #pragma unroll
-            for (int i = 0; i < NI; i++) s += q[g][i] * kr[i];
+            for (int g = 0; g < GB; g++) {
+                float s = 0.0f;
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
-            float mn = fmaxf(m[g], s), c = expf(m[g] - mn), e = expf(s - mn);
-            l[g] = l[g] * c + e;
+                for (int i = 0; i < NI; i++) s += q[g][i] * kr[u][i];
 #pragma unroll
-            for (int i = 0; i < NI; i++) acc[g][i] = acc[g][i] * c + e * vr[i];
-            m[g] = mn;
+                for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
+                float mn = fmaxf(m[g], s), c = expf(m[g] - mn), e = expf(s - mn);
+                l[g] = l[g] * c + e;
+#pragma unroll
+                for (int i = 0; i < NI; i++) acc[g][i] = acc[g][i] * c + e * vr[u][i];
+                m[g] = mn;
+            }
         }
     }
     extern __shared__ float sh[]; /* [KVF_WARPS][GB][2 + 32*NI] */
@@ -187,11 +256,10 @@ __global__ void __launch_bounds__(KVF_WARPS * 32)
         }
         const int h = h0 + g;
         if (n_splits == 1) {
-            float *out = a.out + ((int64_t)t * a.n_heads + h) * hd;
             float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
-            for (int i = 0; i < NI; i++)
-                if (lane + 32 * i < hd) out[lane + 32 * i] = o[i] * inv;
+            for (int i = 0; i < NI; i++) o[i] *= inv;
+            write_head<NI>(o, a.out + ((int64_t)t * a.n_heads + h) * hd, hd, lane, kn_kv_fmt_rotated(vf), kv.signs);
         } else {
             float *pr = partial + (((int64_t)t * a.n_heads + h) * n_splits + split) * (2 + hd);
             if (lane == 0) pr[0] = M, pr[1] = L;
@@ -200,98 +268,96 @@ __global__ void __launch_bounds__(KVF_WARPS * 32)
                 if (lane + 32 * i < hd) pr[2 + lane + 32 * i] = o[i];
         }
     }
+    /* split-K: the group's last block merges every split (no second kernel) */
+    if (n_splits > 1 && split_is_last(counters + (int64_t)t * gridDim.y + blockIdx.y, n_splits))
+        for (int g = warp; g < GB; g += KVF_WARPS) {
+            const int64_t th = (int64_t)t * a.n_heads + h0 + g;
+            merge_splits<NI>(partial + th * n_splits * (2 + hd), n_splits, hd, a.out + th * hd, lane,
+                             kn_kv_fmt_rotated(vf), kv.signs);
+        }
 }
 
-/* merge key splits: one block per (token, head) */
-__global__ void k_flash_kv_merge(const float *partial, int n_splits, int hd, int n_heads, float *out) {
-    const int t = blockIdx.x, h = blockIdx.y;
-    const float *pr = partial + ((int64_t)t * n_heads + h) * n_splits * (2 + hd);
-    float M = KVF_NEG, L = 0.0f;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, pr[s * (2 + hd)]);
-    for (int s = 0; s < n_splits; s++) L += pr[s * (2 + hd) + 1] * expf(pr[s * (2 + hd)] - M);
-    float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < n_splits; s++) o += pr[s * (2 + hd) + 2 + d] * expf(pr[s * (2 + hd)] - M);
-        out[((int64_t)t * n_heads + h) * hd + d] = o * inv;
-    }
-}
+/* one decode launch: the key-split count and, when split, its scratch */
+typedef struct {
+    int n_splits;
+    float *partial; /* [token][head][split][2 + head_dim] */
+    int *counters;  /* [token][KV head x head group], zero between launches */
+} flash_plan;
 
-template <int NI, int GB, int KF, int VF>
-static void launch_kv(kn_backend *be, const kn_attention_args *a, int n_splits, float *partial) {
+template <int NI, int GB, int KF, int VF> static void launch_kv(kn_backend *be, const kn_attention_args *a, flash_plan f) {
     const int n_groups = a->n_heads / a->kv->n_kv_heads / GB;
-    dim3 grid((unsigned)a->n_tokens, (unsigned)(a->kv->n_kv_heads * n_groups), (unsigned)n_splits);
+    dim3 grid((unsigned)a->n_tokens, (unsigned)(a->kv->n_kv_heads * n_groups), (unsigned)f.n_splits);
     size_t smem = (size_t)KVF_WARPS * GB * (2 + 32 * NI) * sizeof(float);
-    k_flash_kv<NI, GB, KF, VF><<<grid, KVF_WARPS * 32, smem, kn_cuda_stream(be)>>>(*a, *a->kv, n_groups, n_splits,
-                                                                                   partial);
+    kn_cuda_launch(be, k_flash_kv<NI, GB, KF, VF>, grid, dim3(KVF_WARPS * 32), smem, *a, *a->kv, n_groups, f.n_splits,
+                   f.partial, f.counters);
 }
 
-template <int NI, int KF, int VF>
-static void launch_gb(kn_backend *be, const kn_attention_args *a, int gb, int n_splits, float *partial) {
+template <int NI, int KF, int VF> static void launch_gb(kn_backend *be, const kn_attention_args *a, int gb, flash_plan f) {
     switch (gb) {
-    case 8: launch_kv<NI, 8, KF, VF>(be, a, n_splits, partial); break;
-    case 4: launch_kv<NI, 4, KF, VF>(be, a, n_splits, partial); break;
-    case 2: launch_kv<NI, 2, KF, VF>(be, a, n_splits, partial); break;
-    default: launch_kv<NI, 1, KF, VF>(be, a, n_splits, partial); break;
+    case 8: launch_kv<NI, 8, KF, VF>(be, a, f); break;
+    case 4: launch_kv<NI, 4, KF, VF>(be, a, f); break;
+    case 2: launch_kv<NI, 2, KF, VF>(be, a, f); break;
+    default: launch_kv<NI, 1, KF, VF>(be, a, f); break;
     }
 }
 
 /* presets: 64 <= head_dim <= 256 (NI 2..8) with the pair folded in */
-template <int KF, int VF>
-static void launch_preset(kn_backend *be, const kn_attention_args *a, int ni, int gb, int n_splits, float *partial) {
-    if (ni <= 2) launch_gb<2, KF, VF>(be, a, gb, n_splits, partial);
-    else if (ni <= 4) launch_gb<4, KF, VF>(be, a, gb, n_splits, partial);
-    else launch_gb<8, KF, VF>(be, a, gb, n_splits, partial);
+template <int KF, int VF> static void launch_preset(kn_backend *be, const kn_attention_args *a, int ni, int gb, flash_plan f) {
+    if (ni <= 2) launch_gb<2, KF, VF>(be, a, gb, f);
+    else if (ni <= 4) launch_gb<4, KF, VF>(be, a, gb, f);
+    else launch_gb<8, KF, VF>(be, a, gb, f);
 }
 
-static void launch_runtime(kn_backend *be, const kn_attention_args *a, int ni, int gb, int n_splits, float *partial) {
+static void launch_runtime(kn_backend *be, const kn_attention_args *a, int ni, int gb, flash_plan f) {
     const int R = KVF_RUNTIME;
-    if (ni <= 1) launch_gb<1, R, R>(be, a, gb, n_splits, partial);
-    else if (ni <= 2) launch_gb<2, R, R>(be, a, gb, n_splits, partial);
-    else if (ni <= 4) launch_gb<4, R, R>(be, a, gb, n_splits, partial);
-    else if (ni <= 8) launch_gb<8, R, R>(be, a, gb, n_splits, partial);
-    else launch_gb<16, R, R>(be, a, gb < 2 ? gb : 2, n_splits, partial); /* head_dim 512: registers allow 2 heads */
+    if (ni <= 1) launch_gb<1, R, R>(be, a, gb, f);
+    else if (ni <= 2) launch_gb<2, R, R>(be, a, gb, f);
+    else if (ni <= 4) launch_gb<4, R, R>(be, a, gb, f);
+    else if (ni <= 8) launch_gb<8, R, R>(be, a, gb, f);
+    else launch_gb<16, R, R>(be, a, gb < 2 ? gb : 2, f); /* head_dim 512: registers allow 2 heads */
 }
 
-void kn_cuda_attention_kv(kn_backend *be, const kn_attention_args *a) {
+/* Enough blocks to fill the GPU twice over, splitting keys when the batch
+ * shape alone does not; never more splits than the context bucket fills with
+ * KVF_MIN_SPLIT_KEYS keys each, so the count depends only on the batch shape
+ * and the bucket and recorded graphs stay valid as sequences grow. */
+static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int gb) {
+    flash_plan f = {1, NULL, NULL};
+    const int hd = a->kv->head_dim;
+    const int blocks = a->n_tokens * a->n_heads / gb, target = 2 * kn_cuda_sm_count(be);
+    int n = blocks >= target ? 1 : (target + blocks - 1) / blocks;
+    if (n > KVF_MAX_SPLITS) n = KVF_MAX_SPLITS;
+    if (a->pos_host) {
+        int max_pos = 0;
+        for (int t = 0; t < a->n_tokens; t++) max_pos = a->pos_host[t] > max_pos ? a->pos_host[t] : max_pos;
+        int by_ctx = (kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT) / KVF_MIN_SPLIT_KEYS;
+        if (n > by_ctx) n = by_ctx > 0 ? by_ctx : 1;
+    }
+    if (n <= 1) return f;
+    f.partial = (float *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTENTION,
+                                         (size_t)a->n_tokens * a->n_heads * n * (2 + hd) * sizeof(float));
+    f.counters = (int *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_SPLIT_COUNT, (size_t)a->n_tokens * (a->n_heads / gb) * sizeof(int));
+    if (f.partial && f.counters) f.n_splits = n;
+    return f;
+}
+
+void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
     const kn_kv_layer *kv = a->kv;
     const int hd = kv->head_dim, G = a->n_heads / kv->n_kv_heads;
     const int ni = (hd + 31) / 32;
     int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     if (ni > 8 && gb > 2) gb = 2;
-    /* as attention_flash: fill the GPU twice over, splitting keys when the
-     * batch shape alone does not; never more splits than the context
-     * bucket fills (>= 128 keys each), so recorded graphs stay valid */
-    const int blocks = a->n_tokens * a->n_heads / gb, target = 2 * kn_cuda_sm_count(be);
-    int n_splits = blocks >= target ? 1 : (target + blocks - 1) / blocks;
-    if (n_splits > KVF_MAX_SPLITS) n_splits = KVF_MAX_SPLITS;
-    if (a->pos_host) {
-        int max_pos = 0;
-        for (int t = 0; t < a->n_tokens; t++) max_pos = a->pos_host[t] > max_pos ? a->pos_host[t] : max_pos;
-        int by_ctx = (kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT) / 128;
-        if (n_splits > by_ctx) n_splits = by_ctx > 0 ? by_ctx : 1;
-    }
-    float *partial = NULL;
-    if (n_splits > 1) {
-        size_t bytes = (size_t)a->n_tokens * a->n_heads * n_splits * (2 + hd) * sizeof(float);
-        partial = (float *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTENTION, bytes);
-        if (!partial) n_splits = 1;
-    }
+    const flash_plan f = plan_splits(be, a, gb);
     const int kf = kv->k_fmt, vf = kv->v_fmt, preset_dim = ni >= 2 && ni <= 8;
-    if (preset_dim && kf == KN_KVF_BF16 && vf == KN_KVF_BF16) launch_preset<KN_KVF_BF16, KN_KVF_BF16>(be, a, ni, gb, n_splits, partial);
-    else if (preset_dim && kf == KN_KVF_FP8 && vf == KN_KVF_FP8) launch_preset<KN_KVF_FP8, KN_KVF_FP8>(be, a, ni, gb, n_splits, partial);
-    else if (preset_dim && kf == KN_KVF_Q8 && vf == KN_KVF_Q8) launch_preset<KN_KVF_Q8, KN_KVF_Q8>(be, a, ni, gb, n_splits, partial);
-    else if (preset_dim && kf == KN_KVF_Q4 && vf == KN_KVF_Q4) launch_preset<KN_KVF_Q4, KN_KVF_Q4>(be, a, ni, gb, n_splits, partial);
-    else if (preset_dim && kf == KN_KVF_Q8A && vf == KN_KVF_TQV3) launch_preset<KN_KVF_Q8A, KN_KVF_TQV3>(be, a, ni, gb, n_splits, partial);
-    else if (preset_dim && kf == KN_KVF_TQ4 && vf == KN_KVF_TQ4) launch_preset<KN_KVF_TQ4, KN_KVF_TQ4>(be, a, ni, gb, n_splits, partial);
-    else if (preset_dim && kf == KN_KVF_TQ4 && vf == KN_KVF_TQV3) launch_preset<KN_KVF_TQ4, KN_KVF_TQV3>(be, a, ni, gb, n_splits, partial);
-    else launch_runtime(be, a, ni, gb, n_splits, partial);
-    if (n_splits > 1) {
-        dim3 grid((unsigned)a->n_tokens, (unsigned)a->n_heads);
-        k_flash_kv_merge<<<grid, hd >= 128 ? 128 : 64, 0, kn_cuda_stream(be)>>>(partial, n_splits, hd, a->n_heads,
-                                                                                a->out);
-    }
-    if (kn_kv_fmt_rotated(vf)) unrotate_rows(be, a->out, a->n_tokens * a->n_heads, hd, kv->signs);
+    if (preset_dim && kf == KN_KVF_BF16 && vf == KN_KVF_BF16) launch_preset<KN_KVF_BF16, KN_KVF_BF16>(be, a, ni, gb, f);
+    else if (preset_dim && kf == KN_KVF_F32 && vf == KN_KVF_F32) launch_preset<KN_KVF_F32, KN_KVF_F32>(be, a, ni, gb, f);
+    else if (preset_dim && kf == KN_KVF_FP8 && vf == KN_KVF_FP8) launch_preset<KN_KVF_FP8, KN_KVF_FP8>(be, a, ni, gb, f);
+    else if (preset_dim && kf == KN_KVF_Q8 && vf == KN_KVF_Q8) launch_preset<KN_KVF_Q8, KN_KVF_Q8>(be, a, ni, gb, f);
+    else if (preset_dim && kf == KN_KVF_Q4 && vf == KN_KVF_Q4) launch_preset<KN_KVF_Q4, KN_KVF_Q4>(be, a, ni, gb, f);
+    else if (preset_dim && kf == KN_KVF_Q8A && vf == KN_KVF_TQV3) launch_preset<KN_KVF_Q8A, KN_KVF_TQV3>(be, a, ni, gb, f);
+    else if (preset_dim && kf == KN_KVF_TQ4 && vf == KN_KVF_TQ4) launch_preset<KN_KVF_TQ4, KN_KVF_TQ4>(be, a, ni, gb, f);
+    else if (preset_dim && kf == KN_KVF_TQ4 && vf == KN_KVF_TQV3) launch_preset<KN_KVF_TQ4, KN_KVF_TQV3>(be, a, ni, gb, f);
+    else launch_runtime(be, a, ni, gb, f);
 }
 
 /* ---- prefill: dequantize one chunk for the GEMM path ----------------------------- */

@@ -32,8 +32,9 @@
 #include "backend/cuda/cuda_internal.h"
 
 #define KVF_WARPS 4
-#define KVF_MAX_SPLITS 32 /* merge_splits: one lane per split */
+#define KVF_MAX_SPLITS 128
 #define KVF_MIN_SPLIT_KEYS 32
+#define KVF_WARP_KEYS 64
 #define KVF_NEG (-1e30f)
 #define KVF_RUNTIME (-1)
 
@@ -51,12 +52,6 @@ __global__ void k_kv_write_fmt(kn_kv_layer kv, const float *k, const float *v, i
     const int64_t row = (int64_t)slots[t] * nkv + h;
     kn_kv_encode(kv.k_fmt, k + t * stride + (int64_t)h * D, D, (uint8_t *)kv.k + row * kb, &ak, tmp);
     kn_kv_encode(kv.v_fmt, v + t * stride + (int64_t)h * D, D, (uint8_t *)kv.v + row * vb, &av, tmp);
-}
-
-void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
-                      int n_tokens, const int32_t *slots) {
-    const int rows = n_tokens * kv->n_kv_heads;
-    k_kv_write_fmt<<<(rows + 63) / 64, 64, 0, kn_cuda_stream(be)>>>(*kv, k, v, stride, rows, slots);
 }
 
 /* ---- warp Walsh-Hadamard ------------------------------------------------------- */
@@ -82,6 +77,140 @@ template <int NI> __device__ __forceinline__ void warp_fwht(float (&x)[NI], int 
     }
 }
 
+/* ---- quantize on write, a warp per row ----------------------------------------- */
+
+/* Formats whose groups are whole 32-element lane sets, encoded by a warp:
+ * lane l holds elements d = l + 32 i, group statistics are warp reductions,
+ * bit-packed codes are OR-reduced across the warp and written bytewise. The
+ * arithmetic per element is the codec's (kn_kv_encode); sums of squares are
+ * added in a different order, so a scale can differ from the host's in its
+ * last bit. */
+__host__ __device__ static inline int warp_encodes(int f, int D) {
+    if (D % 32 || D > 512) return 0;
+    if (f == KN_KVF_F32 || f == KN_KVF_BF16 || (f == KN_KVF_Q8A && kn_kv_fmt_group(f, D) == 32)) return 1;
+    return kn_kv_fmt_rotated(f) && (D & (D - 1)) == 0;
+}
+
+__device__ __forceinline__ float warp_sum_kv(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* lane's b-bit code c of element i * 32 + lane -> the 4b bytes of group i */
+__device__ __forceinline__ void put_group_codes(uint8_t *codes, int i, int b, unsigned c, int lane) {
+    uint32_t word[4];
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        if (w >= b) break;
+        const int sh = lane * b - 32 * w; /* where the lane's bits start inside word w */
+        const uint32_t part = sh >= 32 || sh <= -b ? 0u : sh >= 0 ? c << sh : c >> -sh;
+        word[w] = __reduce_or_sync(0xffffffffu, part);
+    }
+    if (lane < 4 * b) codes[i * 4 * b + lane] = (uint8_t)(word[lane >> 2] >> (8 * (lane & 3)));
+}
+
+template <int NI>
+__device__ void encode_row_warp(int f, const float *x, int D, uint8_t *row, const kn_kv_aux *aux, int lane) {
+    float y[NI];
+#pragma unroll
+    for (int i = 0; i < NI; i++) y[i] = lane + 32 * i < D ? x[lane + 32 * i] : 0.0f;
+    const int ng = D / 32;
+    if (f == KN_KVF_F32 || f == KN_KVF_BF16) {
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            if (i >= ng) break;
+            const int d = lane + 32 * i;
+            if (f == KN_KVF_F32) ((float *)row)[d] = y[i];
+            else kn_kv_half_put(row, d, kn_kv_f32_to_bf16(y[i]));
+        }
+        return;
+    }
+    if (f == KN_KVF_Q8A) {
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            if (i >= ng) break;
+            float mn = y[i], mx = y[i];
+            for (int o = 16; o > 0; o >>= 1)
+                mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o)), mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float s = fmaxf((mx - mn) / 254.0f, fabsf(mx + mn) * 0.5f / 2048.0f);
+            const uint16_t sh = kn_kv_scale_f16(s);
+            s = kn_kv_f16_to_f32(sh);
+            float z = s > 0.0f ? rintf((mx + mn) * 0.5f / s) : 0.0f;
+            z = z == z ? fminf(fmaxf(z, -2048.0f), 2048.0f) : 0.0f;
+            if (lane == 0) kn_kv_half_put(row, i, sh), kn_kv_half_put(row, ng + i, kn_kv_f32_to_f16(z));
+            float q = s > 0.0f ? rintf(y[i] / s) - z : 0.0f;
+            q = fminf(fmaxf(q, -127.0f), 127.0f);
+            row[4 * ng + 32 * i + lane] = (uint8_t)(int8_t)(q == q ? q : 0.0f);
+        }
+        return;
+    }
+    /* rotated formats: y = H(x * signs) / sqrt(D) */
+    const int b = kn_kv_fmt_bits(f), L = 1 << b;
+#pragma unroll
+    for (int i = 0; i < NI; i++) y[i] *= lane + 32 * i < D ? aux->signs[lane + 32 * i] : 0.0f;
+    warp_fwht<NI>(y, lane, D);
+    const float r = 1.0f / sqrtf((float)D);
+#pragma unroll
+    for (int i = 0; i < NI; i++) y[i] *= r;
+    if (kn_kv_fmt_is_tq(f)) { /* one norm per row, corrected by the codes' own norm */
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NI; i++) ss += y[i] * y[i];
+        const float n = sqrtf(warp_sum_kv(ss)), inv = n > 0.0f ? 1.0f / n : 0.0f;
+        float cc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            if (i >= ng) break;
+            const unsigned c = kn_kv_lm_code(y[i] * inv, aux->tab + L, L);
+            cc += aux->tab[c] * aux->tab[c];
+            put_group_codes(row + 2, i, b, c, lane);
+        }
+        cc = warp_sum_kv(cc);
+        if (lane == 0) kn_kv_half_put(row, 0, kn_kv_scale_f16(cc > 0.0f ? n / sqrtf(cc) : 0.0f));
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < NI; i++) { /* tqv: an RMS scale per 32 */
+        if (i >= ng) break;
+        const uint16_t sh = kn_kv_scale_f16(sqrtf(warp_sum_kv(y[i] * y[i]) / 32.0f));
+        const float s = kn_kv_f16_to_f32(sh), inv = s > 0.0f ? 1.0f / s : 0.0f;
+        if (lane == 0) kn_kv_half_put(row, i, sh);
+        put_group_codes(row + 2 * ng, i, b, kn_kv_lm_code(y[i] * inv, aux->tab + L, L), lane);
+    }
+}
+
+/* one warp per (token, KV head) row: its key, then its value */
+template <int NI>
+__global__ void k_kv_write_warp(kn_kv_layer kv, const float *k, const float *v, int64_t stride, int n_rows,
+                                const int32_t *slots) {
+    kn_pdl_trigger();
+    kn_pdl_wait();
+    const int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (i >= n_rows) return;
+    const int nkv = kv.n_kv_heads, D = kv.head_dim, t = i / nkv, h = i % nkv;
+    const kn_kv_aux ak = {kv.k_tab, kv.signs, kv.k_scale ? kv.k_scale[h] : 1.0f};
+    const kn_kv_aux av = {kv.v_tab, kv.signs, kv.v_scale ? kv.v_scale[h] : 1.0f};
+    const int64_t row = (int64_t)slots[t] * nkv + h;
+    encode_row_warp<NI>(kv.k_fmt, k + t * stride + (int64_t)h * D, D,
+                        (uint8_t *)kv.k + row * kn_kv_row_bytes(kv.k_fmt, D), &ak, lane);
+    encode_row_warp<NI>(kv.v_fmt, v + t * stride + (int64_t)h * D, D,
+                        (uint8_t *)kv.v + row * kn_kv_row_bytes(kv.v_fmt, D), &av, lane);
+}
+
+void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
+                      int n_tokens, const int32_t *slots) {
+    const int rows = n_tokens * kv->n_kv_heads, D = kv->head_dim;
+    if (warp_encodes(kv->k_fmt, D) && warp_encodes(kv->v_fmt, D)) { /* a warp per row */
+        const dim3 grid((unsigned)((rows + 3) / 4)), block(128);
+        if (D <= 64) kn_cuda_launch(be, k_kv_write_warp<2>, grid, block, 0, *kv, k, v, stride, rows, slots);
+        else if (D <= 128) kn_cuda_launch(be, k_kv_write_warp<4>, grid, block, 0, *kv, k, v, stride, rows, slots);
+        else if (D <= 256) kn_cuda_launch(be, k_kv_write_warp<8>, grid, block, 0, *kv, k, v, stride, rows, slots);
+        else kn_cuda_launch(be, k_kv_write_warp<16>, grid, block, 0, *kv, k, v, stride, rows, slots);
+        return;
+    }
+    k_kv_write_fmt<<<(rows + 63) / 64, 64, 0, kn_cuda_stream(be)>>>(*kv, k, v, stride, rows, slots);
+}
+
 /* one head's normalized output o (elements lane + 32 i) -> out; values
  * stored rotated are un-rotated here, x = s * H(y) / sqrt(D) */
 template <int NI>
@@ -103,8 +232,18 @@ __device__ __forceinline__ void write_head(float (&o)[NI], float *out, int D, in
  * through the shared codec */
 template <int KF>
 __device__ __forceinline__ float kv_at(int f, const uint8_t *row, int d, int hd, const kn_kv_aux *aux) {
-    if (KF == KN_KVF_BF16) return __uint_as_float((uint32_t)((const uint16_t *)row)[d] << 16);
+    const uint16_t *h = (const uint16_t *)row; /* every row and field below is 2-byte aligned */
+    if (KF == KN_KVF_BF16) return __uint_as_float((uint32_t)h[d] << 16);
     if (KF == KN_KVF_F32) return ((const float *)row)[d];
+    if (KF == KN_KVF_Q8A) { /* groups of 32 (head_dim >= 32): scale, zero, int8 code */
+        const int ng = hd / 32, g = d / 32;
+        return __half2float(__ushort_as_half(h[g])) *
+               ((float)(int8_t)row[4 * ng + d] + __half2float(__ushort_as_half(h[ng + g])));
+    }
+    if (KF == KN_KVF_TQV2 || KF == KN_KVF_TQV3 || KF == KN_KVF_TQV4) {
+        const int b = KF == KN_KVF_TQV2 ? 2 : KF == KN_KVF_TQV3 ? 3 : 4;
+        return __half2float(__ushort_as_half(h[d / 32])) * aux->tab[kn_kv_code(row + 2 * (hd / 32), d, b)];
+    }
     return kn_kv_elem(f, row, d, hd, aux);
 }
 
@@ -125,25 +264,44 @@ __device__ __forceinline__ bool split_is_last(int *counter, int n_splits) {
     return last;
 }
 
-/* one head's n_splits (<= 32) partials (m, l, acc[hd]) -> out[hd]; a warp */
+/* one head's n_splits (<= KVF_MAX_SPLITS) partials (m, l, acc[hd]) -> out[hd];
+ * a warp. Every split's m and l are loaded at once (lane l holds splits
+ * l, l + 32, ...), so the merge costs one round trip before the accumulators
+ * are read; the splits are added in order. */
 template <int NI>
 __device__ __forceinline__ void merge_splits(const float *pr, int n_splits, int hd, float *out, int lane, int rotated,
                                              const float *signs) {
+    constexpr int SK = KVF_MAX_SPLITS / 32;
     const int rw = 2 + hd;
-    const float ms = lane < n_splits ? __ldcg(pr + lane * rw) : KVF_NEG;
-    float M = ms;
+    float ms[SK], c[SK], M = KVF_NEG, L = 0.0f;
+#pragma unroll
+    for (int k = 0; k < SK; k++) {
+        const int sp = lane + 32 * k;
+        ms[k] = sp < n_splits ? __ldcg(pr + sp * rw) : KVF_NEG;
+        c[k] = sp < n_splits ? __ldcg(pr + sp * rw + 1) : 0.0f; /* l, for now */
+        M = fmaxf(M, ms[k]);
+    }
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    const float c = lane < n_splits ? expf(ms - M) : 0.0f;
-    float L = lane < n_splits ? __ldcg(pr + lane * rw + 1) * c : 0.0f;
+#pragma unroll
+    for (int k = 0; k < SK; k++) {
+        const float e = lane + 32 * k < n_splits ? expf(ms[k] - M) : 0.0f;
+        L += c[k] * e;
+        c[k] = e;
+    }
     for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
     float acc[NI];
 #pragma unroll
     for (int i = 0; i < NI; i++) acc[i] = 0.0f;
-    for (int s = 0; s < n_splits; s++) {
-        const float cs = __shfl_sync(0xffffffffu, c, s);
 #pragma unroll
-        for (int i = 0; i < NI; i++)
-            if (lane + 32 * i < hd) acc[i] += __ldcg(pr + s * rw + 2 + lane + 32 * i) * cs;
+    for (int k = 0; k < SK; k++) {
+        const int n = n_splits - 32 * k < 32 ? n_splits - 32 * k : 32;
+        for (int j = 0; j < n; j++) {
+            const float cs = __shfl_sync(0xffffffffu, c[k], j);
+            const float *ps = pr + (32 * k + j) * rw + 2;
+#pragma unroll
+            for (int i = 0; i < NI; i++)
+                if (lane + 32 * i < hd) acc[i] += __ldcg(ps + lane + 32 * i) * cs;
+        }
     }
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
@@ -318,21 +476,27 @@ static void launch_runtime(kn_backend *be, const kn_attention_args *a, int ni, i
 }
 
 /* Enough blocks to fill the GPU twice over, splitting keys when the batch
- * shape alone does not; never more splits than the context bucket fills with
- * KVF_MIN_SPLIT_KEYS keys each, so the count depends only on the batch shape
- * and the bucket and recorded graphs stay valid as sequences grow. */
+ * shape alone does not, and at long contexts enough splits that a warp walks
+ * at most ~KVF_WARP_KEYS keys; never more splits than the context bucket
+ * fills with KVF_MIN_SPLIT_KEYS keys each, so the count depends only on the
+ * batch shape and the bucket and recorded graphs stay valid as sequences
+ * grow. */
 static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int gb) {
     flash_plan f = {1, NULL, NULL};
     const int hd = a->kv->head_dim;
     const int blocks = a->n_tokens * a->n_heads / gb, target = 2 * kn_cuda_sm_count(be);
     int n = blocks >= target ? 1 : (target + blocks - 1) / blocks;
-    if (n > KVF_MAX_SPLITS) n = KVF_MAX_SPLITS;
     if (a->pos_host) {
         int max_pos = 0;
         for (int t = 0; t < a->n_tokens; t++) max_pos = a->pos_host[t] > max_pos ? a->pos_host[t] : max_pos;
-        int by_ctx = (kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT) / KVF_MIN_SPLIT_KEYS;
+        const int keys = kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT, by_ctx = keys / KVF_MIN_SPLIT_KEYS;
+        /* long contexts: no more than KVF_WARP_KEYS keys per warp where the
+         * split count allows (each warp walks its keys one batch at a time) */
+        const int by_latency = keys / (KVF_WARPS * KVF_WARP_KEYS);
+        if (blocks < target && n < by_latency) n = by_latency;
         if (n > by_ctx) n = by_ctx > 0 ? by_ctx : 1;
     }
+    if (n > KVF_MAX_SPLITS) n = KVF_MAX_SPLITS;
     if (n <= 1) return f;
     f.partial = (float *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTENTION,
                                          (size_t)a->n_tokens * a->n_heads * n * (2 + hd) * sizeof(float));

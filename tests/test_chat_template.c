@@ -297,6 +297,20 @@ static void test_errors(void) {
     CHECK(strstr(err.msg, "System message required, got user") != NULL, "raise_exception message: %s", err.msg);
     free(out);
 
+    /* %-format widths and precisions past the limit, however many digits (no int overflow) */
+    {
+        static const char *huge[] = {"{{ '%99999999999999999999999s'|format('x') }}",
+                                     "{{ '%.99999999999999999999999f'|format(1.5) }}", "{{ '%4097d'|format(3) }}"};
+        for (size_t i = 0; i < sizeof huge / sizeof *huge; i++) {
+            CHECK(render_src(huge[i], NULL, &out, &err) != KN_OK && strstr(err.msg, "too large"),
+                  "huge format width %zu: %s", i, err.msg);
+            free(out);
+        }
+        CHECK(render_src("{{ '%5s|'|format('ab') }}", NULL, &out, &err) == KN_OK && out && !strcmp(out, "   ab|"),
+              "format width 5: %s", out ? out : err.msg);
+        free(out);
+    }
+
     /* bounds, with small limits so the test is quick */
     jlimits lim = kn_jinja_default_limits;
     lim.max_loop = 20000;

@@ -375,11 +375,18 @@ int kn_jinja_printf(jctx *c, jv fmtv, const jv *args, int n_args, int allow_unus
         flags[nf] = 0;
         if (p < end && *p == '(') { rc = jfail(c, "%%(name)s formatting is not supported by kiln"); break; }
         if (p < end && *p == '*') { rc = jfail(c, "'*' width in %% formatting is not supported by kiln"); break; }
-        while (p < end && *p >= '0' && *p <= '9') width = (width < 0 ? 0 : width) * 10 + (*p++ - '0');
+        /* digits saturate just past the 4096 limit below (no int overflow on hostile input) */
+        while (p < end && *p >= '0' && *p <= '9') {
+            width = (width < 0 ? 0 : width) * 10 + (*p++ - '0');
+            if (width > 4097) width = 4097;
+        }
         if (p < end && *p == '.') {
             prec = 0;
             p++;
-            while (p < end && *p >= '0' && *p <= '9') prec = prec * 10 + (*p++ - '0');
+            while (p < end && *p >= '0' && *p <= '9') {
+                prec = prec * 10 + (*p++ - '0');
+                if (prec > 4097) prec = 4097;
+            }
         }
         if (p >= end) { rc = jfail(c, "incomplete format"); break; }
         if (width > 4096 || prec > 4096) { rc = jfail(c, "format width or precision too large"); break; }

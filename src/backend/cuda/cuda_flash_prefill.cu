@@ -43,6 +43,23 @@ __device__ __forceinline__ void fp_cp16(void *smem, const void *gmem) {
 __device__ __forceinline__ void fp_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void fp_cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
+/* Four 8x8 b16 matrices from shared memory: lane l gives the address of row
+ * l % 8 of matrix l / 8 and receives, of each matrix, row l / 4, columns
+ * 2 (l % 4) and 2 (l % 4) + 1 (the B-fragment layout of fp_mma). */
+__device__ __forceinline__ void fp_ldsm4(uint32_t *r, const void *smem) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+/* 2^x (ex2.approx: the unit __expf uses after its multiply by log2 e) */
+__device__ __forceinline__ float fp_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#define FP_LOG2E 1.4426950408889634f
+
 template <typename T> __device__ __forceinline__ uint32_t fp_pack(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t fp_pack<__nv_bfloat16>(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -154,6 +171,7 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
 #pragma unroll
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f; /* l: this lane's share of the row sums */
+    const float sl2 = scale * FP_LOG2E; /* scores in log2 units: exp(x) = 2^(x log2 e) */
 
     const int first = p0 + i0, last = p0 + i0 + rows - 1;
     const int lo = window > 0 && first - window + 1 > kbase ? first - window + 1 : kbase;
@@ -192,40 +210,48 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
 #pragma unroll
         for (int kk = 0; kk < KT; kk++)
 #pragma unroll
-            for (int n = 0; n < ST; n++) {
-                const T *kr = Ks + (n * 8 + g) * L::LDK + kk * 16 + 2 * t;
-                fp_mma<T>(s[n], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+            for (int n = 0; n < ST; n += 2) { /* keys of n-tiles n, n + 1; dims kk*16 .. +16 */
+                uint32_t b[4];
+                fp_ldsm4(b, Ks + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * L::LDK + kk * 16 + ((lane >> 3) & 1) * 8);
+                fp_mma<T>(s[n], qa[kk], b[0], b[1]);
+                fp_mma<T>(s[n + 1], qa[kk], b[2], b[3]);
             }
-        /* scale, soft-cap, mask; running max per row (the 4 lanes of a quad share rows) */
+        /* scale (to log2 units), soft-cap, mask; running max per row (the 4
+         * lanes of a quad share rows). Tiles wholly inside every row's causal
+         * window, with no padding rows, need no mask (warp-uniform). */
+        const bool masked = kt + FP_BN - 1 > w_first || (window > 0 && kt <= w_last - window) || warp * 16 + 16 > rows;
         float mxa = -INFINITY, mxb = -INFINITY;
 #pragma unroll
         for (int n = 0; n < ST; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int kp = kt + n * 8 + 2 * t + (e & 1), p = e < 2 ? pa : pb;
-                const bool ok = (e < 2 ? oka : okb) && kp <= p && (window <= 0 || kp > p - window);
-                float v = s[n][e] * scale;
-                if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
-                s[n][e] = ok ? v : -INFINITY;
-                if (e < 2) mxa = fmaxf(mxa, s[n][e]);
-                else mxb = fmaxf(mxb, s[n][e]);
+                float v = softcap > 0.0f ? softcap * tanhf(s[n][e] * scale / softcap) * FP_LOG2E : s[n][e] * sl2;
+                if (masked) {
+                    const int kp = kt + n * 8 + 2 * t + (e & 1), p = e < 2 ? pa : pb;
+                    const bool ok = (e < 2 ? oka : okb) && kp <= p && (window <= 0 || kp > p - window);
+                    v = ok ? v : -INFINITY;
+                }
+                s[n][e] = v;
+                if (e < 2) mxa = fmaxf(mxa, v);
+                else mxb = fmaxf(mxb, v);
             }
         mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
         mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
         mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
         mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
         const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-        const float aa = na == -INFINITY ? 1.0f : __expf(ma - na), ab = nb == -INFINITY ? 1.0f : __expf(mb - nb);
+        /* a row with every key masked so far keeps m = -inf: subtract 0 there,
+         * so exp2(-inf) = 0 and nothing is NaN */
+        const float za = na == -INFINITY ? 0.0f : na, zb = nb == -INFINITY ? 0.0f : nb;
+        const float aa = fp_exp2(ma - za), ab = fp_exp2(mb - zb);
         ma = na, mb = nb;
         /* P (rounded to T) as A fragments of the P.V product */
         uint32_t pf[FP_BN / 16][4];
         float sa = 0.0f, sb = 0.0f;
 #pragma unroll
         for (int n = 0; n < ST; n++) {
-            const float e0 = s[n][0] == -INFINITY ? 0.0f : __expf(s[n][0] - na);
-            const float e1 = s[n][1] == -INFINITY ? 0.0f : __expf(s[n][1] - na);
-            const float e2 = s[n][2] == -INFINITY ? 0.0f : __expf(s[n][2] - nb);
-            const float e3 = s[n][3] == -INFINITY ? 0.0f : __expf(s[n][3] - nb);
+            const float e0 = fp_exp2(s[n][0] - za), e1 = fp_exp2(s[n][1] - za);
+            const float e2 = fp_exp2(s[n][2] - zb), e3 = fp_exp2(s[n][3] - zb);
             const uint32_t ua = fp_pack<T>(e0, e1), ub = fp_pack<T>(e2, e3);
             sa += fp_lo<T>(ua) + fp_hi<T>(ua), sb += fp_lo<T>(ub) + fp_hi<T>(ub);
             pf[n / 2][(n & 1) * 2 + 0] = ua; /* n even: a0 / a1; n odd: a2 / a3 */
@@ -237,9 +263,11 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
 #pragma unroll
         for (int kk = 0; kk < FP_BN / 16; kk++)
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const T *vr = Vt + (n * 8 + g) * L::LDV + kk * 16 + 2 * t;
-                fp_mma<T>(o[n], pf[kk], *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
+            for (int n = 0; n < NT; n += 2) { /* dims of n-tiles n, n + 1; keys kk*16 .. +16 */
+                uint32_t b[4];
+                fp_ldsm4(b, Vt + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * L::LDV + kk * 16 + ((lane >> 3) & 1) * 8);
+                fp_mma<T>(o[n], pf[kk], b[0], b[1]);
+                fp_mma<T>(o[n + 1], pf[kk], b[2], b[3]);
             }
         }
         __syncthreads(); /* buffer it & 1 is refilled by the next iteration's issue */

@@ -131,6 +131,53 @@ static void test_fused_matmul(kn_dtype dt, int M, int N, int K, int with_norm, i
     free(x), free(g), free(bias), free(out), free(wf), free(wraw);
 }
 
+/* mlp_swiglu_add (optional op) promises the numbers of fused_matmul with the
+ * SwiGLU epilogue followed by matmul_add: both run here on the same inputs
+ * (those two are checked against float64 above and below) and must agree
+ * bit for bit. Skipped where the backend has no such op or declines. */
+static void test_mlp_swiglu_add(kn_dtype dt, int M, int H, int I, int with_norm, int with_bias) {
+    if (!be->vt->mlp_swiglu_add || !be->vt->fused_matmul || !be->vt->matmul_add) return;
+    const float eps = 1e-5f;
+    const size_t esz = kn_dtype_size(dt);
+    float *xn = malloc((size_t)M * H * 4), *g = malloc((size_t)H * 4), *bgu = malloc((size_t)2 * I * 4);
+    float *bd = malloc((size_t)H * 4), *x0 = malloc((size_t)M * H * 4);
+    float *want = malloc((size_t)M * H * 4), *got = malloc((size_t)M * H * 4);
+    float *wf = malloc((size_t)2 * I * (H > I ? H : I) * 4);
+    void *wgu = malloc((size_t)2 * I * H * esz), *wd = malloc((size_t)H * I * esz);
+    fill(xn, (int64_t)M * H, 2.0f), fill(g, H, 1.0f), fill(bgu, 2 * I, 0.5f), fill(bd, H, 0.5f);
+    fill(x0, (int64_t)M * H, 1.0f);
+    random_weight(dt, 2 * I, H, wgu, wf);
+    random_weight(dt, H, I, wd, wf);
+    kn_weight gu, down;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load(be, dt, 2 * I, H, wgu, 0, &gu, &err) == KN_OK, "weight_load: %s", err.msg);
+    CHECK(kn_be_weight_load(be, dt, H, I, wd, 0, &down, &err) == KN_OK, "weight_load: %s", err.msg);
+    float *dxn = dev(xn, (size_t)M * H * 4), *dg = dev(g, (size_t)H * 4), *dbgu = dev(bgu, (size_t)2 * I * 4);
+    float *dbd = dev(bd, (size_t)H * 4), *dact = dev(NULL, (size_t)M * I * 4);
+    float *dwant = dev(x0, (size_t)M * H * 4), *dgot = dev(x0, (size_t)M * H * 4);
+    const float *nw = with_norm ? dg : NULL;
+    int done = be->vt->mlp_swiglu_add(be, dxn, M, nw, eps, &gu, with_bias ? dbgu : NULL, &down,
+                                      with_bias ? dbd : NULL, dgot);
+    if (done) {
+        CHECK(be->vt->fused_matmul(be, dxn, M, nw, eps, &gu, with_bias ? dbgu : NULL, dact, KN_EPI_SWIGLU),
+              "fused_matmul declined a shape mlp_swiglu_add took");
+        be->vt->matmul_add(be, dact, M, &down, with_bias ? dbd : NULL, dwant);
+    }
+    back(got, dgot, (size_t)M * H * 4), back(want, dwant, (size_t)M * H * 4);
+    if (done) {
+        int bad = 0;
+        for (int64_t i = 0; i < (int64_t)M * H && bad < 3; i++)
+            if (isnan(got[i]) || memcmp(&got[i], &want[i], 4)) {
+                bad++;
+                CHECK(0, "mlp_swiglu_add %s M=%d H=%d I=%d norm=%d bias=%d at %lld: got %.9g, separate ops %.9g",
+                      kn_dtype_name(dt), M, H, I, with_norm, with_bias, (long long)i, got[i], want[i]);
+            }
+    }
+    kn_be_free(be, dxn), kn_be_free(be, dg), kn_be_free(be, dbgu), kn_be_free(be, dbd), kn_be_free(be, dact);
+    kn_be_weight_free(be, &gu), kn_be_weight_free(be, &down);
+    free(xn), free(g), free(bgu), free(bd), free(x0), free(want), free(got), free(wf), free(wgu), free(wd);
+}
+
 static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
     size_t esz = kn_dtype_size(dt);
     float *x = malloc((size_t)M * K * 4), *out = malloc((size_t)M * N * 4), *bias = malloc((size_t)N * 4);
@@ -1127,6 +1174,9 @@ int main(void) {
     test_fused_matmul(KN_DT_F16, 1, 24, 6152, 0, KN_EPI_NONE, 0);
         test_fused_matmul(KN_DT_BF16, 5, 74, 1024, 1, KN_EPI_SWIGLU, 1); /* GEMM-shaped (CUDA: norm+round, cuBLAS) */
     test_fused_matmul(KN_DT_F16, 40, 96, 512, 1, KN_EPI_NONE, 0);
+    test_mlp_swiglu_add(KN_DT_BF16, 5, 256, 344, 1, 1); /* prefill-shaped feed-forward (CUDA: bf16 activation) */
+    test_mlp_swiglu_add(KN_DT_BF16, 67, 512, 1376, 1, 0);
+    test_mlp_swiglu_add(KN_DT_F16, 40, 128, 200, 0, 1);
     test_quant_ops();
     test_rms_norm(1, 1, 64);
     test_rms_norm(5, 4, 32);

@@ -305,6 +305,17 @@ typedef struct kn_backend_vtbl {
      * call: device allocation and FFT failures are errors, not prints). */
     kn_code (*log_mel)(kn_backend *be, const float *pcm, int64_t n_samples, int64_t n_frames, const float *filters,
                        int n_mels, float *out, kn_error *err);
+    /* optional (NULL, or returns 0 having enqueued nothing: the caller runs
+     * fused_matmul with KN_EPI_SWIGLU, then matmul_add): the gated SiLU
+     * feed-forward of M rows added into x,
+     *   x += (silu(gate) * up) . down^T + down_bias,
+     *   [gate | up] = rms_norm(xn; norm_w, eps) . gate_up^T + gate_up_bias
+     * (norm_w NULL: xn as it is). Numerically the same as that pair of ops;
+     * the point is that the activation never exists in f32 (a prefill-sized
+     * backend keeps it in the down projection's input dtype). */
+    int (*mlp_swiglu_add)(kn_backend *be, const float *xn, int M, const float *norm_w, float eps,
+                          const kn_weight *gate_up, const float *gate_up_bias, const kn_weight *down,
+                          const float *down_bias, float *x);
 } kn_backend_vtbl;
 
 enum { KN_EPI_NONE = 0, KN_EPI_SWIGLU = 1 };

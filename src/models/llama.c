@@ -610,6 +610,12 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms
         kn_moe_forward(m, L, xn, n, out);
         return 0;
     }
+    /* prefill: the whole feed-forward and its residual add in one op where
+     * the backend has it (the activation stays in the GEMM input dtype) */
+    if (may_fuse && !L->sparse && c->mlp_gated && c->act == KN_ACT_SILU && op->mlp_swiglu_add &&
+        op->mlp_swiglu_add(be, xn, n, rms_w, (float)c->rms_norm_eps, &L->gate_up, L->gate_up_bias, &L->down,
+                           L->down_bias, m->x))
+        return 1;
     /* decode: RMSNorm, gate_up and SwiGLU as one kernel where the backend has it */
     if (!(!L->sparse && c->mlp_gated && c->act == KN_ACT_SILU && op->fused_matmul &&
           op->fused_matmul(be, xn, n, rms_w, (float)c->rms_norm_eps, &L->gate_up, L->gate_up_bias, m->act,

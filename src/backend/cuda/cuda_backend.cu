@@ -603,6 +603,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     kn_cuda_sample_rows,       /* cuda_sample.cu */
     cu_rope_kv_write,
     kn_cuda_log_mel,           /* cuda_mel.cu (cuFFT) */
+    kn_cuda_mlp_swiglu_add,    /* cuda_gemm.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

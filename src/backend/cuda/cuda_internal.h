@@ -22,6 +22,7 @@ enum {
     KN_CUDA_SCRATCH_GEMM_X,
     KN_CUDA_SCRATCH_ATTN_GEMM,
     KN_CUDA_SCRATCH_GEMM_OUT,
+    KN_CUDA_SCRATCH_MLP_ACT,       /* kn_cuda_mlp_swiglu_add: the activation in the down projection's dtype */
     KN_CUDA_SCRATCH_COUNT
 };
 
@@ -87,6 +88,11 @@ void kn_cuda_gemm_destroy(kn_backend *be);
  * 0 (nothing enqueued) for f32 / quantized weights. */
 int kn_cuda_gemm_fused(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                        const float *bias, float *out, int epi);
+/* backend.h mlp_swiglu_add for M > KN_CUDA_GEMV_MAX_M and 16-bit weights
+ * (0, nothing enqueued, otherwise) */
+int kn_cuda_mlp_swiglu_add(kn_backend *be, const float *xn, int M, const float *norm_w, float eps,
+                           const kn_weight *gu, const float *gu_bias, const kn_weight *down, const float *down_bias,
+                           float *x);
 /* The backend's cuBLAS handle (a cublasHandle_t), created on first use; NULL if unavailable. */
 void *kn_cuda_blas(kn_backend *be);
 

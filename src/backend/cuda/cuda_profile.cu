@@ -119,6 +119,16 @@ static int p_fused_matmul(kn_backend *be, const float *x, int M, const float *no
     end(be, i);
     return done;
 }
+static int p_mlp_swiglu_add(kn_backend *be, const float *xn, int M, const float *norm_w, float eps,
+                            const kn_weight *gu, const float *gu_bias, const kn_weight *down, const float *down_bias,
+                            float *x) {
+    char name[64];
+    snprintf(name, sizeof name, "mlp_swiglu_add M=%d I=%lld H=%lld", M, (long long)down->cols, (long long)down->rows);
+    int i = begin(be, name);
+    int done = P.real->mlp_swiglu_add(be, xn, M, norm_w, eps, gu, gu_bias, down, down_bias, x);
+    end(be, i);
+    return done;
+}
 static void p_sync(kn_backend *be) {
     P.real->sync(be);
     harvest();
@@ -153,6 +163,7 @@ const kn_backend_vtbl *kn_cuda_profile_vtbl(const kn_backend_vtbl *real) {
     prof_vt.kv_write = p_kv_write, prof_vt.attention = p_attention, prof_vt.swiglu = p_swiglu, prof_vt.add = p_add;
     prof_vt.gather_rows = p_gather_rows, prof_vt.sync = p_sync, prof_vt.download = p_download;
     prof_vt.destroy = p_destroy, prof_vt.fused_matmul = p_fused_matmul;
+    if (real->mlp_swiglu_add) prof_vt.mlp_swiglu_add = p_mlp_swiglu_add;
     prof_vt.sample_rows = p_sample_rows, prof_vt.argmax_rows = p_argmax_rows;
     prof_vt.graph_replay = NULL, prof_vt.graph_begin = NULL, prof_vt.graph_end = NULL;
     return &prof_vt;

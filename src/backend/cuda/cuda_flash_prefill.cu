@@ -15,7 +15,8 @@
  *
  * Numerics: q, k, v and the unnormalized probabilities exp(s - m) are rounded
  * to the compute dtype (as the GEMM path rounds q/k/v/P); sums are f32; l sums
- * the rounded probabilities, so O is a convex combination of the rounded v.
+ * the rounded probabilities (an mma of P against ones, beside P V), so O is a
+ * convex combination of the rounded v.
  *
  * Tiles are scheduled heaviest first (the last query tile sees the most
  * keys); a warp skips key tiles that are wholly masked for its rows. Head
@@ -78,6 +79,10 @@ template <> __device__ __forceinline__ float fp_hi<__half>(uint32_t v) { return 
 template <typename T> __device__ __forceinline__ T fp_round(float v);
 template <> __device__ __forceinline__ __nv_bfloat16 fp_round<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 template <> __device__ __forceinline__ __half fp_round<__half>(float v) { return __float2half(v); }
+/* two 1.0s packed: the B operand that turns an mma into row sums */
+template <typename T> __device__ __forceinline__ uint32_t fp_ones();
+template <> __device__ __forceinline__ uint32_t fp_ones<__nv_bfloat16>() { return 0x3f803f80u; }
+template <> __device__ __forceinline__ uint32_t fp_ones<__half>() { return 0x3c003c00u; }
 
 /* d (16x8, f32) += a (16x16, row) . b (16x8, col): mma.sync m16n8k16 with
  * the PTX ISA's fragment layout (g = lane / 4, t = lane % 4):
@@ -92,7 +97,7 @@ __device__ __forceinline__ void fp_mma<__nv_bfloat16>(float *d, const uint32_t *
 }
 template <>
 __device__ __forceinline__ void fp_mma<__half>(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -135,8 +140,8 @@ __global__ void __launch_bounds__(256) k_fp_gather(kn_kv_layer kv, const int32_t
 
 /* q, out: the run's first row; rows i of the run are at positions p0 + i;
  * kg / vg: the gathered keys / transposed values from kbase (k_fp_gather). */
-template <typename T, int HD>
-__global__ void __launch_bounds__(FP_WARPS * 32)
+template <typename T, int HD, int MINB>
+__global__ void __launch_bounds__(FP_WARPS * 32, MINB)
     k_flash_prefill(const float *__restrict__ q, int64_t q_stride, float *__restrict__ out, int n_heads, int group,
                     const T *__restrict__ kg, const T *__restrict__ vg, int kbase, int ctxp, int p0, int len,
                     int window, float scale, float softcap) {
@@ -170,8 +175,12 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
     float o[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f; /* l: this lane's share of the row sums */
-    const float sl2 = scale * FP_LOG2E; /* scores in log2 units: exp(x) = 2^(x log2 e) */
+    /* m: running max of the raw scores per row; l (ol): running row sums of
+     * the rounded probabilities, summed by an mma against ones (ol[0] row
+     * g, ol[2] row g + 8) */
+    float ma = -INFINITY, mb = -INFINITY, ol[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float sl2 = scale * FP_LOG2E; /* probabilities 2^(s sl2 - m sl2) = e^(scale (s - m)) */
+    const float cap_in = softcap > 0.0f ? scale / softcap : 0.0f, cap_out = softcap > 0.0f ? softcap / scale : 0.0f;
 
     const int first = p0 + i0, last = p0 + i0 + rows - 1;
     const int lo = window > 0 && first - window + 1 > kbase ? first - window + 1 : kbase;
@@ -216,16 +225,18 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
                 fp_mma<T>(s[n], qa[kk], b[0], b[1]);
                 fp_mma<T>(s[n + 1], qa[kk], b[2], b[3]);
             }
-        /* scale (to log2 units), soft-cap, mask; running max per row (the 4
-         * lanes of a quad share rows). Tiles wholly inside every row's causal
-         * window, with no padding rows, need no mask (warp-uniform). */
+        /* soft-cap and mask the raw scores; running max per row (the 4 lanes
+         * of a quad share rows). Tiles wholly inside every row's causal
+         * window, with no padding rows, need no mask (warp-uniform). The
+         * scale is applied inside the exponent (one fma per score). */
         const bool masked = kt + FP_BN - 1 > w_first || (window > 0 && kt <= w_last - window) || warp * 16 + 16 > rows;
         float mxa = -INFINITY, mxb = -INFINITY;
 #pragma unroll
         for (int n = 0; n < ST; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float v = softcap > 0.0f ? softcap * tanhf(s[n][e] * scale / softcap) * FP_LOG2E : s[n][e] * sl2;
+                float v = s[n][e];
+                if (softcap > 0.0f) v = cap_out * tanhf(v * cap_in); /* s' with s' scale = softcap tanh(s scale / softcap) */
                 if (masked) {
                     const int kp = kt + n * 8 + 2 * t + (e & 1), p = e < 2 ? pa : pb;
                     const bool ok = (e < 2 ? oka : okb) && kp <= p && (window <= 0 || kp > p - window);
@@ -242,24 +253,27 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
         const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
         /* a row with every key masked so far keeps m = -inf: subtract 0 there,
          * so exp2(-inf) = 0 and nothing is NaN */
-        const float za = na == -INFINITY ? 0.0f : na, zb = nb == -INFINITY ? 0.0f : nb;
-        const float aa = fp_exp2(ma - za), ab = fp_exp2(mb - zb);
+        const float za = na == -INFINITY ? 0.0f : na * sl2, zb = nb == -INFINITY ? 0.0f : nb * sl2;
+        /* the earlier probabilities were 2^(s sl2 - m sl2): exactly 1 when m stays */
+        const float aa = fp_exp2(ma * sl2 - za), ab = fp_exp2(mb * sl2 - zb);
         ma = na, mb = nb;
         /* P (rounded to T) as A fragments of the P.V product */
         uint32_t pf[FP_BN / 16][4];
-        float sa = 0.0f, sb = 0.0f;
 #pragma unroll
         for (int n = 0; n < ST; n++) {
-            const float e0 = fp_exp2(s[n][0] - za), e1 = fp_exp2(s[n][1] - za);
-            const float e2 = fp_exp2(s[n][2] - zb), e3 = fp_exp2(s[n][3] - zb);
-            const uint32_t ua = fp_pack<T>(e0, e1), ub = fp_pack<T>(e2, e3);
-            sa += fp_lo<T>(ua) + fp_hi<T>(ua), sb += fp_lo<T>(ub) + fp_hi<T>(ub);
-            pf[n / 2][(n & 1) * 2 + 0] = ua; /* n even: a0 / a1; n odd: a2 / a3 */
-            pf[n / 2][(n & 1) * 2 + 1] = ub;
+            const float e0 = fp_exp2(fmaf(s[n][0], sl2, -za)), e1 = fp_exp2(fmaf(s[n][1], sl2, -za));
+            const float e2 = fp_exp2(fmaf(s[n][2], sl2, -zb)), e3 = fp_exp2(fmaf(s[n][3], sl2, -zb));
+            pf[n / 2][(n & 1) * 2 + 0] = fp_pack<T>(e0, e1); /* n even: a0 / a1; n odd: a2 / a3 */
+            pf[n / 2][(n & 1) * 2 + 1] = fp_pack<T>(e2, e3);
         }
-        la = la * aa + sa, lb = lb * ab + sb;
+        /* the output and sums are rescaled only when some row's max moved */
+        if (__any_sync(0xffffffffu, aa != 1.0f || ab != 1.0f)) {
+            ol[0] *= aa, ol[1] *= aa, ol[2] *= ab, ol[3] *= ab;
 #pragma unroll
-        for (int n = 0; n < NT; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
+            for (int n = 0; n < NT; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
+        }
+#pragma unroll
+        for (int kk = 0; kk < FP_BN / 16; kk++) fp_mma<T>(ol, pf[kk], fp_ones<T>(), fp_ones<T>());
 #pragma unroll
         for (int kk = 0; kk < FP_BN / 16; kk++)
 #pragma unroll
@@ -272,10 +286,7 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
         }
         __syncthreads(); /* buffer it & 1 is refilled by the next iteration's issue */
     }
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    const float la = ol[0], lb = ol[2];
     const float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
     float *oa = out + (int64_t)(i0 + ra) * n_heads * HD + (int64_t)h * HD + 2 * t;
     float *ob = oa + (int64_t)8 * n_heads * HD;
@@ -289,10 +300,14 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
 template <typename T, int HD>
 static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len) {
     static int attr_set = 0; /* per instantiation */
+    static int minb = -1;    /* KILN_FP_MINB=3: 3 blocks per SM (registers capped, some spilled), for A/B runs */
+    if (minb < 0) minb = getenv("KILN_FP_MINB") && atoi(getenv("KILN_FP_MINB")) == 3 ? 3 : 2;
     const size_t smem = fp_layout<HD>::total;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(k_flash_prefill<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-            cudaSuccess) {
+        if (cudaFuncSetAttribute(k_flash_prefill<T, HD, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+                cudaSuccess ||
+            cudaFuncSetAttribute(k_flash_prefill<T, HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+                cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
@@ -312,7 +327,7 @@ static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len
     if (kv->k_fmt == KN_KVF_BF16) k_fp_gather<T, HD, true><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
     else k_fp_gather<T, HD, false><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
     dim3 grid((unsigned)((len + FP_BM - 1) / FP_BM), (unsigned)a->n_heads);
-    k_flash_prefill<T, HD><<<grid, FP_WARPS * 32, smem, st>>>(a->q + (int64_t)t0 * a->q_stride, a->q_stride,
+    (minb == 3 ? k_flash_prefill<T, HD, 3> : k_flash_prefill<T, HD, 2>)<<<grid, FP_WARPS * 32, smem, st>>>(a->q + (int64_t)t0 * a->q_stride, a->q_stride,
                                                               a->out + (int64_t)t0 * a->n_heads * HD, a->n_heads, G,
                                                               kg, vg, kbase, ctxp, p0, len, a->window, a->scale,
                                                               a->softcap);

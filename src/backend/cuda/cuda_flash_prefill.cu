@@ -140,8 +140,12 @@ __global__ void __launch_bounds__(256) k_fp_gather(kn_kv_layer kv, const int32_t
 
 /* q, out: the run's first row; rows i of the run are at positions p0 + i;
  * kg / vg: the gathered keys / transposed values from kbase (k_fp_gather). */
-template <typename T, int HD, int MINB>
-__global__ void __launch_bounds__(FP_WARPS * 32, MINB)
+template <bool B> struct fp_flag {
+    static constexpr bool value = B;
+};
+
+template <typename T, int HD, bool CAP>
+__global__ void __launch_bounds__(FP_WARPS * 32)
     k_flash_prefill(const float *__restrict__ q, int64_t q_stride, float *__restrict__ out, int n_heads, int group,
                     const T *__restrict__ kg, const T *__restrict__ vg, int kbase, int ctxp, int p0, int len,
                     int window, float scale, float softcap) {
@@ -180,7 +184,7 @@ __global__ void __launch_bounds__(FP_WARPS * 32, MINB)
      * g, ol[2] row g + 8) */
     float ma = -INFINITY, mb = -INFINITY, ol[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const float sl2 = scale * FP_LOG2E; /* probabilities 2^(s sl2 - m sl2) = e^(scale (s - m)) */
-    const float cap_in = softcap > 0.0f ? scale / softcap : 0.0f, cap_out = softcap > 0.0f ? softcap / scale : 0.0f;
+    const float cap_in = CAP ? scale / softcap : 0.0f, cap_out = CAP ? softcap / scale : 0.0f;
 
     const int first = p0 + i0, last = p0 + i0 + rows - 1;
     const int lo = window > 0 && first - window + 1 > kbase ? first - window + 1 : kbase;
@@ -211,78 +215,86 @@ __global__ void __launch_bounds__(FP_WARPS * 32, MINB)
         fp_cp_wait1(); /* tile it has landed (for this thread) */
         __syncthreads();
         const T *Ks = (const T *)(fp_smem + (it & 1) * L::stage), *Vt = (const T *)(fp_smem + (it & 1) * L::stage + L::k_bytes);
+        /* one key tile for this warp's rows; MASKED: some score of the tile
+         * is masked (diagonal, window edge, padding rows). The two variants
+         * are separate code, so unmasked tiles carry no mask arithmetic. */
+        auto tile_step = [&](auto masked_flag) {
+            constexpr bool MASKED = decltype(masked_flag)::value;
+            float s[ST][4];
+#pragma unroll
+            for (int n = 0; n < ST; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++)
+#pragma unroll
+                for (int n = 0; n < ST; n += 2) { /* keys of n-tiles n, n + 1; dims kk*16 .. +16 */
+                    uint32_t b[4];
+                    fp_ldsm4(b, Ks + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * L::LDK + kk * 16 + ((lane >> 3) & 1) * 8);
+                    fp_mma<T>(s[n], qa[kk], b[0], b[1]);
+                    fp_mma<T>(s[n + 1], qa[kk], b[2], b[3]);
+                }
+            /* soft-cap and mask the raw scores; running max per row (the 4 lanes
+             * of a quad share rows). Tiles wholly inside every row's causal
+             * window, with no padding rows, need no mask (warp-uniform). The
+             * scale is applied inside the exponent (one fma per score). */
+            float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < ST; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[n][e];
+                    if (CAP) v = cap_out * tanhf(v * cap_in); /* s' with s' scale = softcap tanh(s scale / softcap) */
+                    if (MASKED) {
+                        const int kp = kt + n * 8 + 2 * t + (e & 1), p = e < 2 ? pa : pb;
+                        const bool ok = (e < 2 ? oka : okb) && kp <= p && (window <= 0 || kp > p - window);
+                        v = ok ? v : -INFINITY;
+                    }
+                    s[n][e] = v;
+                    if (e < 2) mxa = fmaxf(mxa, v);
+                    else mxb = fmaxf(mxb, v);
+                }
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+            const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
+            /* a row with every key masked so far keeps m = -inf: subtract 0 there,
+             * so exp2(-inf) = 0 and nothing is NaN */
+            const float za = na == -INFINITY ? 0.0f : na * sl2, zb = nb == -INFINITY ? 0.0f : nb * sl2;
+            /* the earlier probabilities were 2^(s sl2 - m sl2): exactly 1 when m stays */
+            const float aa = fp_exp2(ma * sl2 - za), ab = fp_exp2(mb * sl2 - zb);
+            ma = na, mb = nb;
+            /* P (rounded to T) as A fragments of the P.V product */
+            uint32_t pf[FP_BN / 16][4];
+#pragma unroll
+            for (int n = 0; n < ST; n++) {
+                const float e0 = fp_exp2(fmaf(s[n][0], sl2, -za)), e1 = fp_exp2(fmaf(s[n][1], sl2, -za));
+                const float e2 = fp_exp2(fmaf(s[n][2], sl2, -zb)), e3 = fp_exp2(fmaf(s[n][3], sl2, -zb));
+                pf[n / 2][(n & 1) * 2 + 0] = fp_pack<T>(e0, e1); /* n even: a0 / a1; n odd: a2 / a3 */
+                pf[n / 2][(n & 1) * 2 + 1] = fp_pack<T>(e2, e3);
+            }
+            /* the output and sums are rescaled only when some row's max moved */
+            if (__any_sync(0xffffffffu, aa != 1.0f || ab != 1.0f)) {
+                ol[0] *= aa, ol[1] *= aa, ol[2] *= ab, ol[3] *= ab;
+#pragma unroll
+                for (int n = 0; n < NT; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
+            }
+#pragma unroll
+            for (int kk = 0; kk < FP_BN / 16; kk++) fp_mma<T>(ol, pf[kk], fp_ones<T>(), fp_ones<T>());
+#pragma unroll
+            for (int kk = 0; kk < FP_BN / 16; kk++)
+#pragma unroll
+                for (int n = 0; n < NT; n += 2) { /* dims of n-tiles n, n + 1; keys kk*16 .. +16 */
+                    uint32_t b[4];
+                    fp_ldsm4(b, Vt + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * L::LDV + kk * 16 + ((lane >> 3) & 1) * 8);
+                    fp_mma<T>(o[n], pf[kk], b[0], b[1]);
+                    fp_mma<T>(o[n + 1], pf[kk], b[2], b[3]);
+                }
+        };
         /* wholly masked for this warp's rows: nothing changes */
         if (!(kt > w_last || (window > 0 && kt + FP_BN - 1 <= w_first - window) || warp * 16 >= rows)) {
-    float s[ST][4];
-#pragma unroll
-        for (int n = 0; n < ST; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++)
-#pragma unroll
-            for (int n = 0; n < ST; n += 2) { /* keys of n-tiles n, n + 1; dims kk*16 .. +16 */
-                uint32_t b[4];
-                fp_ldsm4(b, Ks + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * L::LDK + kk * 16 + ((lane >> 3) & 1) * 8);
-                fp_mma<T>(s[n], qa[kk], b[0], b[1]);
-                fp_mma<T>(s[n + 1], qa[kk], b[2], b[3]);
-            }
-        /* soft-cap and mask the raw scores; running max per row (the 4 lanes
-         * of a quad share rows). Tiles wholly inside every row's causal
-         * window, with no padding rows, need no mask (warp-uniform). The
-         * scale is applied inside the exponent (one fma per score). */
-        const bool masked = kt + FP_BN - 1 > w_first || (window > 0 && kt <= w_last - window) || warp * 16 + 16 > rows;
-        float mxa = -INFINITY, mxb = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < ST; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[n][e];
-                if (softcap > 0.0f) v = cap_out * tanhf(v * cap_in); /* s' with s' scale = softcap tanh(s scale / softcap) */
-                if (masked) {
-                    const int kp = kt + n * 8 + 2 * t + (e & 1), p = e < 2 ? pa : pb;
-                    const bool ok = (e < 2 ? oka : okb) && kp <= p && (window <= 0 || kp > p - window);
-                    v = ok ? v : -INFINITY;
-                }
-                s[n][e] = v;
-                if (e < 2) mxa = fmaxf(mxa, v);
-                else mxb = fmaxf(mxb, v);
-            }
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
-        const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-        /* a row with every key masked so far keeps m = -inf: subtract 0 there,
-         * so exp2(-inf) = 0 and nothing is NaN */
-        const float za = na == -INFINITY ? 0.0f : na * sl2, zb = nb == -INFINITY ? 0.0f : nb * sl2;
-        /* the earlier probabilities were 2^(s sl2 - m sl2): exactly 1 when m stays */
-        const float aa = fp_exp2(ma * sl2 - za), ab = fp_exp2(mb * sl2 - zb);
-        ma = na, mb = nb;
-        /* P (rounded to T) as A fragments of the P.V product */
-        uint32_t pf[FP_BN / 16][4];
-#pragma unroll
-        for (int n = 0; n < ST; n++) {
-            const float e0 = fp_exp2(fmaf(s[n][0], sl2, -za)), e1 = fp_exp2(fmaf(s[n][1], sl2, -za));
-            const float e2 = fp_exp2(fmaf(s[n][2], sl2, -zb)), e3 = fp_exp2(fmaf(s[n][3], sl2, -zb));
-            pf[n / 2][(n & 1) * 2 + 0] = fp_pack<T>(e0, e1); /* n even: a0 / a1; n odd: a2 / a3 */
-            pf[n / 2][(n & 1) * 2 + 1] = fp_pack<T>(e2, e3);
-        }
-        /* the output and sums are rescaled only when some row's max moved */
-        if (__any_sync(0xffffffffu, aa != 1.0f || ab != 1.0f)) {
-            ol[0] *= aa, ol[1] *= aa, ol[2] *= ab, ol[3] *= ab;
-#pragma unroll
-            for (int n = 0; n < NT; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
-        }
-#pragma unroll
-        for (int kk = 0; kk < FP_BN / 16; kk++) fp_mma<T>(ol, pf[kk], fp_ones<T>(), fp_ones<T>());
-#pragma unroll
-        for (int kk = 0; kk < FP_BN / 16; kk++)
-#pragma unroll
-            for (int n = 0; n < NT; n += 2) { /* dims of n-tiles n, n + 1; keys kk*16 .. +16 */
-                uint32_t b[4];
-                fp_ldsm4(b, Vt + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * L::LDV + kk * 16 + ((lane >> 3) & 1) * 8);
-                fp_mma<T>(o[n], pf[kk], b[0], b[1]);
-                fp_mma<T>(o[n + 1], pf[kk], b[2], b[3]);
-            }
+            if (kt + FP_BN - 1 > w_first || (window > 0 && kt <= w_last - window) || warp * 16 + 16 > rows)
+                tile_step(fp_flag<true>());
+            else tile_step(fp_flag<false>());
         }
         __syncthreads(); /* buffer it & 1 is refilled by the next iteration's issue */
     }
@@ -300,14 +312,12 @@ __global__ void __launch_bounds__(FP_WARPS * 32, MINB)
 template <typename T, int HD>
 static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len) {
     static int attr_set = 0; /* per instantiation */
-    static int minb = -1;    /* KILN_FP_MINB=3: 3 blocks per SM (registers capped, some spilled), for A/B runs */
-    if (minb < 0) minb = getenv("KILN_FP_MINB") && atoi(getenv("KILN_FP_MINB")) == 3 ? 3 : 2;
     const size_t smem = fp_layout<HD>::total;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(k_flash_prefill<T, HD, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-                cudaSuccess ||
-            cudaFuncSetAttribute(k_flash_prefill<T, HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-                cudaSuccess) {
+        if (cudaFuncSetAttribute(k_flash_prefill<T, HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess ||
+            cudaFuncSetAttribute(k_flash_prefill<T, HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
@@ -327,7 +337,7 @@ static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len
     if (kv->k_fmt == KN_KVF_BF16) k_fp_gather<T, HD, true><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
     else k_fp_gather<T, HD, false><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
     dim3 grid((unsigned)((len + FP_BM - 1) / FP_BM), (unsigned)a->n_heads);
-    (minb == 3 ? k_flash_prefill<T, HD, 3> : k_flash_prefill<T, HD, 2>)<<<grid, FP_WARPS * 32, smem, st>>>(a->q + (int64_t)t0 * a->q_stride, a->q_stride,
+    (a->softcap > 0.0f ? k_flash_prefill<T, HD, true> : k_flash_prefill<T, HD, false>)<<<grid, FP_WARPS * 32, smem, st>>>(a->q + (int64_t)t0 * a->q_stride, a->q_stride,
                                                               a->out + (int64_t)t0 * a->n_heads * HD, a->n_heads, G,
                                                               kg, vg, kbase, ctxp, p0, len, a->window, a->scale,
                                                               a->softcap);

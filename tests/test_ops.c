@@ -571,16 +571,25 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
  * With host mirrors (q0 long enough) a backend may take its GEMM path, in
  * compute_dtype (BF16 rounds q/k/v/probabilities: looser tolerance). */
 static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, int window, int q0, int compute_dtype,
-                             float softcap) {
+                             float softcap, int kv_fmt) {
     const int bs = 16;
     int nb0 = (len0 + bs - 1) / bs, nb1 = (len1 + bs - 1) / bs, nblocks = nb0 + nb1 + 3;
     int max_blocks = nb0 > nb1 ? nb0 : nb1;
     int64_t slot_w = (int64_t)n_kv * hd;
-    kn_kv_layer kv = {.block_size = bs, .n_kv_heads = n_kv, .head_dim = hd, .n_blocks = nblocks};
+    kn_kv_layer kv = {.block_size = bs, .n_kv_heads = n_kv, .head_dim = hd, .n_blocks = nblocks,
+                      .k_fmt = kv_fmt, .v_fmt = kv_fmt};
     kv.k = malloc((size_t)nblocks * bs * slot_w * 4);
     kv.v = malloc((size_t)nblocks * bs * slot_w * 4);
     fill(kv.k, nblocks * bs * slot_w, 1.0f);
     fill(kv.v, nblocks * bs * slot_w, 1.0f);
+    /* bf16 rows: the cache holds the rounded values, the reference reads them widened */
+    const int64_t n_kv_el = (int64_t)nblocks * bs * slot_w;
+    uint16_t *k16 = kv_fmt == KN_KVF_BF16 ? malloc((size_t)n_kv_el * 2) : NULL;
+    uint16_t *v16 = kv_fmt == KN_KVF_BF16 ? malloc((size_t)n_kv_el * 2) : NULL;
+    for (int64_t i = 0; k16 && i < n_kv_el; i++) {
+        k16[i] = kn_f32_to_bf16(((float *)kv.k)[i]), ((float *)kv.k)[i] = kn_bf16_to_f32(k16[i]);
+        v16[i] = kn_f32_to_bf16(((float *)kv.v)[i]), ((float *)kv.v)[i] = kn_bf16_to_f32(v16[i]);
+    }
     int32_t *bt = calloc((size_t)2 * max_blocks, 4);
     /* blocks assigned in a scrambled order across both sequences */
     int next = nblocks - 1;
@@ -597,15 +606,17 @@ static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, 
     fill(q, n_tok * qs, 1.0f);
     poison(out, (int64_t)n_tok * n_heads * hd);
     float scale = 1.0f / sqrtf((float)hd);
-    size_t kvb = (size_t)nblocks * bs * slot_w * 4;
+    size_t kvb = (size_t)nblocks * bs * slot_w * (k16 ? 2 : 4);
     kn_kv_layer dkv = kv;
-    dkv.k = dev(kv.k, kvb), dkv.v = dev(kv.v, kvb);
+    dkv.k = dev(k16 ? (void *)k16 : kv.k, kvb), dkv.v = dev(v16 ? (void *)v16 : kv.v, kvb);
+    free(k16), free(v16);
     float *dq = dev(q, (size_t)(n_tok * qs) * 4), *dout = dev(out, (size_t)n_tok * n_heads * hd * 4);
     int32_t *dpos = dev(pos, (size_t)n_tok * 4), *dseq = dev(seq, (size_t)n_tok * 4), *dbt = dev(bt, (size_t)2 * max_blocks * 4);
     kn_attention_args a = {.q = dq, .q_stride = qs, .out = dout, .n_tokens = n_tok, .n_heads = n_heads, .scale = scale,
                            .window = window, .pos = dpos, .seq = dseq, .block_tables = dbt, .max_blocks = max_blocks, .kv = &dkv,
                            .pos_host = pos, .seq_host = seq, .compute_dtype = compute_dtype, .softcap = softcap};
-    const double tol = compute_dtype == KN_DT_F32 ? 1e-5 : 3e-2;
+    /* bf16 compute rounds q (and, on the GEMM paths, k/v) and the probabilities */
+    const double tol = compute_dtype == KN_DT_F32 ? 1e-5 : kv_fmt == KN_KVF_BF16 ? 1e-2 : 3e-2;
     be->vt->attention(be, &a);
     back(out, dout, (size_t)n_tok * n_heads * hd * 4);
     kn_be_free(be, dkv.k), kn_be_free(be, dkv.v), kn_be_free(be, dq), kn_be_free(be, dpos), kn_be_free(be, dseq),
@@ -631,8 +642,8 @@ static void test_attention_q(int n_heads, int n_kv, int hd, int len0, int len1, 
                     ref += sc[j] / sum * ((const float *)kv.v)[((int64_t)row[j / bs] * bs + j % bs) * slot_w + kvh * hd + d];
                 float got = out[((int64_t)t * n_heads + h) * hd + d];
                 if (!close_to(got, ref, 1.0, tol)) {
-                    CHECK(0, "attention heads=%d/%d hd=%d len=%d/%d window=%d q0=%d dt=%d softcap=%g [t%d h%d d%d]: got %g want %g",
-                          n_heads, n_kv, hd, len0, len1, window, q0, compute_dtype, softcap, t, h, d, got, ref);
+                    CHECK(0, "attention heads=%d/%d hd=%d len=%d/%d window=%d q0=%d dt=%d softcap=%g kv=%d [t%d h%d d%d]: got %g want %g",
+                          n_heads, n_kv, hd, len0, len1, window, q0, compute_dtype, softcap, kv_fmt, t, h, d, got, ref);
                     goto done;
                 }
             }
@@ -642,7 +653,7 @@ done:
 }
 
 static void test_attention(int n_heads, int n_kv, int hd, int len0, int len1, int window, float softcap) {
-    test_attention_q(n_heads, n_kv, hd, len0, len1, window, 3, KN_DT_F32, softcap);
+    test_attention_q(n_heads, n_kv, hd, len0, len1, window, 3, KN_DT_F32, softcap, KN_KVF_F32);
 }
 
 static void test_swiglu_softmax_embed(void) {
@@ -1199,16 +1210,26 @@ int main(void) {
     test_attention(8, 2, 64, 37, 20, 0, 1.5f); /* gemma2 soft-capping */
     test_attention(4, 4, 256, 300, 17, 16, 50.0f);
     /* prefill-shaped runs (a backend's GEMM path): exact f32 and bf16 */
-    test_attention_q(8, 2, 128, 300, 20, 0, 70, KN_DT_F32, 0.0f);
-    test_attention_q(8, 2, 64, 300, 20, 100, 130, KN_DT_F32, 0.0f);
-    test_attention_q(4, 4, 256, 90, 17, 0, 40, KN_DT_F32, 0.0f);
-    test_attention_q(8, 1, 128, 200, 33, 0, 64, KN_DT_BF16, 0.0f);
-    test_attention_q(16, 2, 64, 120, 5, 48, 100, KN_DT_F16, 0.0f);
-    test_attention_q(8, 2, 64, 100, 20, 0, 50, KN_DT_F32, 1.5f); /* soft-capping on the GEMM path */
+    test_attention_q(8, 2, 128, 300, 20, 0, 70, KN_DT_F32, 0.0f, KN_KVF_F32);
+    test_attention_q(8, 2, 64, 300, 20, 100, 130, KN_DT_F32, 0.0f, KN_KVF_F32);
+    test_attention_q(4, 4, 256, 90, 17, 0, 40, KN_DT_F32, 0.0f, KN_KVF_F32);
+    test_attention_q(8, 1, 128, 200, 33, 0, 64, KN_DT_BF16, 0.0f, KN_KVF_F32);
+    test_attention_q(16, 2, 64, 120, 5, 48, 100, KN_DT_F16, 0.0f, KN_KVF_F32);
+    test_attention_q(8, 2, 64, 100, 20, 0, 50, KN_DT_F32, 1.5f, KN_KVF_F32); /* soft-capping on the GEMM path */
     /* fused tensor-core prefill (CUDA): several 64-query / 64-key tiles, GQA 4, hd 256 with window + softcap */
-    test_attention_q(16, 4, 128, 400, 9, 0, 300, KN_DT_BF16, 0.0f);
-    test_attention_q(4, 4, 256, 300, 17, 40, 100, KN_DT_BF16, 30.0f);
-    test_attention_q(8, 2, 64, 300, 20, 100, 130, KN_DT_F16, 0.0f);
+    test_attention_q(16, 4, 128, 400, 9, 0, 300, KN_DT_BF16, 0.0f, KN_KVF_F32);
+    test_attention_q(4, 4, 256, 300, 17, 40, 100, KN_DT_BF16, 30.0f, KN_KVF_F32);
+    test_attention_q(8, 2, 64, 300, 20, 100, 130, KN_DT_F16, 0.0f, KN_KVF_F32);
+    /* bf16 caches (CUDA, bf16 compute: the tensor-core decode kernel for
+     * groups up to 16 heads, head dims 64/128; others the CUDA-core one) */
+    test_attention_q(8, 2, 128, 300, 20, 0, 1, KN_DT_BF16, 0.0f, KN_KVF_BF16);
+    test_attention_q(8, 1, 64, 1500, 33, 0, 2, KN_DT_BF16, 0.0f, KN_KVF_BF16);
+    test_attention_q(16, 1, 128, 700, 40, 100, 1, KN_DT_BF16, 0.0f, KN_KVF_BF16);
+    test_attention_q(4, 4, 128, 77, 5, 0, 1, KN_DT_BF16, 20.0f, KN_KVF_BF16);
+    test_attention_q(12, 4, 64, 3000, 9, 0, 2, KN_DT_BF16, 0.0f, KN_KVF_BF16);
+    test_attention_q(32, 1, 64, 100, 9, 0, 1, KN_DT_BF16, 0.0f, KN_KVF_BF16);
+    test_attention_q(8, 2, 128, 300, 20, 0, 1, KN_DT_F32, 0.0f, KN_KVF_BF16);
+    test_attention_q(8, 2, 128, 300, 20, 0, 90, KN_DT_BF16, 0.0f, KN_KVF_BF16);
     test_swiglu_softmax_embed();
     test_layer_norm(1, 64, 1);
     test_layer_norm(6, 384, 1);

@@ -199,6 +199,12 @@ void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
     const kn_kv_layer *kv = a->kv;
     const int hd = kv->head_dim, G = a->n_heads / kv->n_kv_heads;
     const int ni = (hd + 31) / 32;
+    static int no_tc = -1; /* KILN_NO_TC_DECODE=1: the CUDA-core kernel for bf16 caches too (A/B runs) */
+    if (no_tc < 0) no_tc = getenv("KILN_NO_TC_DECODE") != NULL;
+    if (!no_tc && kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16 && a->compute_dtype == KN_DT_BF16 &&
+        (hd == 64 || hd == 128) && G <= 16 && !((uintptr_t)kv->k & 15) && !((uintptr_t)kv->v & 15) &&
+        kn_flash_decode_tc(be, a, plan_splits(be, a, G)))
+        return;
     int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     if (ni > 8 && gb > 2) gb = 2;
     const flash_plan f = plan_splits(be, a, gb);

@@ -12,7 +12,7 @@
  *
  * 16-bit weights go through cuBLASLt with the algorithm picked per shape by
  * timing: the first call of a shape (M, N, K, dtype, accumulate) — always an
- * eager run, never inside graph capture — times up to 8 heuristic candidates
+ * eager run, never inside graph capture — times up to 16 heuristic candidates
  * (into scratch, so out is untouched) and caches the fastest; later calls and
  * recorded graphs reuse it. KILN_NO_LT=1 uses cublasGemmEx's default choice. */
 #include <cublasLt.h>
@@ -105,7 +105,7 @@ void *kn_cuda_blas(kn_backend *be) { return (void *)blas(be); }
 /* ---- cuBLASLt with per-shape autotuning ---- */
 
 #define LT_CACHE 96
-#define LT_CANDIDATES 8
+#define LT_CANDIDATES 16
 typedef struct {
     int M, N, K, dt, acc, out16; /* out16: D in W's 16-bit dtype instead of f32 */
     cublasLtMatmulAlgo_t algo;

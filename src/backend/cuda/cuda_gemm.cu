@@ -60,15 +60,12 @@ template <typename T> __device__ __forceinline__ T gemm_store(float v);
 template <> __device__ __forceinline__ float gemm_store<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 gemm_store<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 template <> __device__ __forceinline__ __half gemm_store<__half>(float v) { return __float2half(v); }
-__device__ __forceinline__ float gemm_load(float v) { return v; }
-__device__ __forceinline__ float gemm_load(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float gemm_load(__half v) { return __half2float(v); }
-template <typename T, typename TI = float>
-__global__ void k_swiglu_rows(const TI *gu, int64_t n_total, int64_t dim, T *out) {
+template <typename T>
+__global__ void k_swiglu_rows(const float *gu, int64_t n_total, int64_t dim, T *out) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_total) return;
     const int64_t r = i / dim, j = i % dim;
-    const float g = gemm_load(gu[r * 2 * dim + j]), u = gemm_load(gu[r * 2 * dim + dim + j]);
+    const float g = gu[r * 2 * dim + j], u = gu[r * 2 * dim + dim + j];
     out[i] = gemm_store<T>(g / (1.0f + expf(-g)) * u);
 }
 
@@ -107,7 +104,7 @@ void *kn_cuda_blas(kn_backend *be) { return (void *)blas(be); }
 #define LT_CACHE 96
 #define LT_CANDIDATES 16
 typedef struct {
-    int M, N, K, dt, acc, out16; /* out16: D in W's 16-bit dtype instead of f32 */
+    int M, N, K, dt, acc;
     cublasLtMatmulAlgo_t algo;
 } lt_algo;
 struct kn_cuda_lt {
@@ -139,10 +136,8 @@ static void kn_cuda_lt_destroy(kn_backend *be) {
     c->lt = NULL;
 }
 
-/* out[M,N] (+)= xr[M,K] . W^T with xr already in W's 16-bit dtype; out is
- * f32, or (out16) in W's dtype. 0: not done. */
-static int lt_matmul_to(kn_backend *be, const void *xr, int M, const kn_weight *w, void *out, int accumulate,
-                        int out16) {
+/* out[M,N] (+)= xr[M,K] . W^T with xr already in W's 16-bit dtype. 0: not done. */
+static int lt_matmul(kn_backend *be, const void *xr, int M, const kn_weight *w, float *out, int accumulate) {
     kn_cuda_backend *c = (kn_cuda_backend *)be;
     kn_cuda_lt *l = lt_state(be);
     if (!l) return 0;
@@ -157,13 +152,12 @@ static int lt_matmul_to(kn_backend *be, const void *xr, int M, const kn_weight *
     if (cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT) ||
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN) ||
         cublasLtMatrixLayoutCreate(&la, t, K, N, K) || cublasLtMatrixLayoutCreate(&lb, t, K, M, K) ||
-        cublasLtMatrixLayoutCreate(&lc, out16 ? t : CUDA_R_32F, N, M, N))
+        cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N))
         goto done;
     {
         int i = 0;
         for (; i < l->n; i++)
-            if (l->e[i].M == M && l->e[i].N == N && l->e[i].K == K && l->e[i].dt == dt && l->e[i].acc == accumulate &&
-                l->e[i].out16 == out16)
+            if (l->e[i].M == M && l->e[i].N == N && l->e[i].K == K && l->e[i].dt == dt && l->e[i].acc == accumulate)
                 break;
         if (i == l->n) { /* first sight: time the candidates */
             if (c->capturing) goto done;
@@ -205,7 +199,7 @@ static int lt_matmul_to(kn_backend *be, const void *xr, int M, const kn_weight *
             if (l->n < LT_CACHE) i = l->n++;
             else i = l->next, l->next = (l->next + 1) % LT_CACHE;
             lt_algo *e = &l->e[i];
-            e->M = M, e->N = N, e->K = K, e->dt = dt, e->acc = accumulate, e->out16 = out16, e->algo = res[best].algo;
+            e->M = M, e->N = N, e->K = K, e->dt = dt, e->acc = accumulate, e->algo = res[best].algo;
         }
         ok = cublasLtMatmul(l->h, op, &one, w->data, la, xr, lb, beta, out, lc, out, lc, &l->e[i].algo,
                             c->blas_workspace, GEMM_WORKSPACE_BYTES, c->stream) == CUBLAS_STATUS_SUCCESS;
@@ -216,10 +210,6 @@ done:
     if (la) cublasLtMatrixLayoutDestroy(la);
     cublasLtMatmulDescDestroy(op);
     return ok;
-}
-
-static int lt_matmul(kn_backend *be, const void *xr, int M, const kn_weight *w, float *out, int accumulate) {
-    return lt_matmul_to(be, xr, M, w, out, accumulate, 0);
 }
 
 int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
@@ -323,23 +313,11 @@ int kn_cuda_mlp_swiglu_add(kn_backend *be, const float *xn, int M, const float *
     const int64_t n = (int64_t)M * I;
     void *act = kn_cuda_scratch(be, KN_CUDA_SCRATCH_MLP_ACT, (size_t)n * 2);
     if (!act || !blas(be)) return 0;
+    float *y = gemm_norm(be, xn, M, norm_w, eps, gu, gu_bias, KN_CUDA_SCRATCH_GEMM_OUT, NULL);
+    if (!y) return 0;
     const unsigned blocks = (unsigned)((n + 255) / 256);
-    static int gu16 = -1; /* KILN_MLP_GU16=1: gate/up stored by the GEMM in bf16 (A/B measurement) */
-    if (gu16 < 0) gu16 = getenv("KILN_MLP_GU16") != NULL;
-    if (gu16 && !gu_bias && down->dtype == KN_DT_BF16) {
-        const int K = (int)gu->cols;
-        void *xr = kn_cuda_scratch(be, KN_CUDA_SCRATCH_GEMM_X, (size_t)M * K * 2);
-        __nv_bfloat16 *y16 = (__nv_bfloat16 *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_GEMM_OUT, (size_t)M * 2 * I * 2);
-        if (!xr || !y16) return 0;
-        k_norm_round<__nv_bfloat16><<<M, K >= 1024 ? 256 : 128, 0, s>>>(xn, K, norm_w, eps, (__nv_bfloat16 *)xr);
-        if (!lt_matmul_to(be, xr, M, gu, y16, 0, 1)) fprintf(stderr, "kiln: cuBLASLt bf16-out GEMM failed\n");
-        k_swiglu_rows<__nv_bfloat16, __nv_bfloat16><<<blocks, 256, 0, s>>>(y16, n, I, (__nv_bfloat16 *)act);
-    } else {
-        float *y = gemm_norm(be, xn, M, norm_w, eps, gu, gu_bias, KN_CUDA_SCRATCH_GEMM_OUT, NULL);
-        if (!y) return 0;
-        if (down->dtype == KN_DT_BF16) k_swiglu_rows<__nv_bfloat16><<<blocks, 256, 0, s>>>(y, n, I, (__nv_bfloat16 *)act);
-        else k_swiglu_rows<__half><<<blocks, 256, 0, s>>>(y, n, I, (__half *)act);
-    }
+    if (down->dtype == KN_DT_BF16) k_swiglu_rows<__nv_bfloat16><<<blocks, 256, 0, s>>>(y, n, I, (__nv_bfloat16 *)act);
+    else k_swiglu_rows<__half><<<blocks, 256, 0, s>>>(y, n, I, (__half *)act);
     const int N = (int)down->rows, K = (int)down->cols;
     if (!lt_matmul(be, act, M, down, x, 1)) {
         const float one = 1.0f;

@@ -33,11 +33,6 @@ __device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
 }
-__device__ __forceinline__ float tc_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 /* 16-byte pieces of a row, read through the non-coherent path (the cache is
  * written by earlier kernels only) */
@@ -131,19 +126,13 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                 if (e < 2) mxa = fmaxf(mxa, v);
                 else mxb = fmaxf(mxb, v);
             }
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
-        const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-        const float za = na == -INFINITY ? 0.0f : na * sl2, zb = nb == -INFINITY ? 0.0f : nb * sl2;
-        const float aa = tc_exp2(ma * sl2 - za), ab = tc_exp2(mb * sl2 - zb);
-        ma = na, mb = nb;
+        const kn_softmax_step sm = kn_softmax_rows(mxa, mxb, ma, mb, sl2);
+        const float za = sm.za, zb = sm.zb, aa = sm.aa, ab = sm.ab;
         uint32_t pf[4]; /* P as the A fragment: keys 2tq.. (n-tile 0) and 2tq + 8.. (n-tile 1) */
-        pf[0] = tc_pack(tc_exp2(fmaf(s[0][0], sl2, -za)), tc_exp2(fmaf(s[0][1], sl2, -za)));
-        pf[1] = tc_pack(tc_exp2(fmaf(s[0][2], sl2, -zb)), tc_exp2(fmaf(s[0][3], sl2, -zb)));
-        pf[2] = tc_pack(tc_exp2(fmaf(s[1][0], sl2, -za)), tc_exp2(fmaf(s[1][1], sl2, -za)));
-        pf[3] = tc_pack(tc_exp2(fmaf(s[1][2], sl2, -zb)), tc_exp2(fmaf(s[1][3], sl2, -zb)));
+        pf[0] = tc_pack(kn_exp2_approx(fmaf(s[0][0], sl2, -za)), kn_exp2_approx(fmaf(s[0][1], sl2, -za)));
+        pf[1] = tc_pack(kn_exp2_approx(fmaf(s[0][2], sl2, -zb)), kn_exp2_approx(fmaf(s[0][3], sl2, -zb)));
+        pf[2] = tc_pack(kn_exp2_approx(fmaf(s[1][0], sl2, -za)), kn_exp2_approx(fmaf(s[1][1], sl2, -za)));
+        pf[3] = tc_pack(kn_exp2_approx(fmaf(s[1][2], sl2, -zb)), kn_exp2_approx(fmaf(s[1][3], sl2, -zb)));
         if (__any_sync(0xffffffffu, aa != 1.0f || ab != 1.0f)) {
             ol[0] *= aa, ol[1] *= aa, ol[2] *= ab, ol[3] *= ab;
 #pragma unroll

@@ -53,12 +53,6 @@ __device__ __forceinline__ void fp_ldsm4(uint32_t *r, const void *smem) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
-/* 2^x (ex2.approx: the unit __expf uses after its multiply by log2 e) */
-__device__ __forceinline__ float fp_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 #define FP_LOG2E 1.4426950408889634f
 
 template <typename T> __device__ __forceinline__ uint32_t fp_pack(float lo, float hi);
@@ -252,23 +246,14 @@ __global__ void __launch_bounds__(FP_WARPS * 32)
                     if (e < 2) mxa = fmaxf(mxa, v);
                     else mxb = fmaxf(mxb, v);
                 }
-            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
-            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
-            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
-            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
-            const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-            /* a row with every key masked so far keeps m = -inf: subtract 0 there,
-             * so exp2(-inf) = 0 and nothing is NaN */
-            const float za = na == -INFINITY ? 0.0f : na * sl2, zb = nb == -INFINITY ? 0.0f : nb * sl2;
-            /* the earlier probabilities were 2^(s sl2 - m sl2): exactly 1 when m stays */
-            const float aa = fp_exp2(ma * sl2 - za), ab = fp_exp2(mb * sl2 - zb);
-            ma = na, mb = nb;
+            const kn_softmax_step sm = kn_softmax_rows(mxa, mxb, ma, mb, sl2);
+            const float za = sm.za, zb = sm.zb, aa = sm.aa, ab = sm.ab;
             /* P (rounded to T) as A fragments of the P.V product */
             uint32_t pf[FP_BN / 16][4];
 #pragma unroll
             for (int n = 0; n < ST; n++) {
-                const float e0 = fp_exp2(fmaf(s[n][0], sl2, -za)), e1 = fp_exp2(fmaf(s[n][1], sl2, -za));
-                const float e2 = fp_exp2(fmaf(s[n][2], sl2, -zb)), e3 = fp_exp2(fmaf(s[n][3], sl2, -zb));
+                const float e0 = kn_exp2_approx(fmaf(s[n][0], sl2, -za)), e1 = kn_exp2_approx(fmaf(s[n][1], sl2, -za));
+                const float e2 = kn_exp2_approx(fmaf(s[n][2], sl2, -zb)), e3 = kn_exp2_approx(fmaf(s[n][3], sl2, -zb));
                 pf[n / 2][(n & 1) * 2 + 0] = fp_pack<T>(e0, e1); /* n even: a0 / a1; n odd: a2 / a3 */
                 pf[n / 2][(n & 1) * 2 + 1] = fp_pack<T>(e2, e3);
             }

@@ -121,9 +121,39 @@ extern "C" void kn_cuda_attention_dense(kn_backend *be, const kn_dense_attention
  *   d0 (g, 2t)  d1 (g, 2t+1)  d2 (g+8, 2t)  d3 (g+8, 2t+1) */
 __device__ __forceinline__ void kn_mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 2^x (ex2.approx: the unit __expf uses after its multiply by log2 e) */
+__device__ __forceinline__ float kn_exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Online softmax over the two rows (g and g + 8) of an mma C fragment, for
+ * the flash kernels: mxa / mxb are this lane's maxima of a tile's raw scores
+ * (the 4 lanes of a quad share rows, reduced here), ma / mb the running raw
+ * maxima, updated. Probabilities are 2^(s sl2 - z) with z the returned za /
+ * zb (0 for a row with every key masked so far, so nothing is NaN); the
+ * sums and outputs so far are to be multiplied by aa / ab (exactly 1 when a
+ * row's max stays). */
+struct kn_softmax_step {
+    float za, zb, aa, ab;
+};
+__device__ __forceinline__ kn_softmax_step kn_softmax_rows(float mxa, float mxb, float &ma, float &mb, float sl2) {
+    mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+    mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+    mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+    mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+    const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
+    kn_softmax_step r;
+    r.za = na == -INFINITY ? 0.0f : na * sl2, r.zb = nb == -INFINITY ? 0.0f : nb * sl2;
+    r.aa = kn_exp2_approx(ma * sl2 - r.za), r.ab = kn_exp2_approx(mb * sl2 - r.zb);
+    ma = na, mb = nb;
+    return r;
 }
 
 /* Element i of a weight stored as F32, BF16 or F16, widened to float. */

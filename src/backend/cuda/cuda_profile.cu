@@ -59,6 +59,10 @@ static int begin(kn_backend *be, const char *name) {
     return i;
 }
 static void end(kn_backend *be, int i) { cudaEventRecord(P.ev[2 * i + 1], kn_cuda_stream(be)); }
+/* an optional op that declined (enqueued nothing): its bracket is dropped */
+static void drop(int i) {
+    if (i == P.n_pending - 1) P.n_pending--;
+}
 
 #define WRAP(op, name, params, args)                                                                                   \
     static void p_##op params {                                                                                        \
@@ -116,7 +120,8 @@ static int p_fused_matmul(kn_backend *be, const float *x, int M, const float *no
              (long long)w->rows, (long long)w->cols);
     int i = begin(be, name);
     int done = P.real->fused_matmul(be, x, M, norm_w, eps, w, bias, out, epi);
-    end(be, i);
+    if (done) end(be, i);
+    else drop(i);
     return done;
 }
 static int p_mlp_swiglu_add(kn_backend *be, const float *xn, int M, const float *norm_w, float eps,
@@ -126,7 +131,8 @@ static int p_mlp_swiglu_add(kn_backend *be, const float *xn, int M, const float 
     snprintf(name, sizeof name, "mlp_swiglu_add M=%d I=%lld H=%lld", M, (long long)down->cols, (long long)down->rows);
     int i = begin(be, name);
     int done = P.real->mlp_swiglu_add(be, xn, M, norm_w, eps, gu, gu_bias, down, down_bias, x);
-    end(be, i);
+    if (done) end(be, i);
+    else drop(i);
     return done;
 }
 static void p_sync(kn_backend *be) {
@@ -146,7 +152,8 @@ static void p_destroy(kn_backend *be) {
     for (int k = 0; k < P.n_rows; k++) {
         int best = -1;
         for (int i = 0; i < P.n_rows; i++)
-            if (P.count[i] >= 0 && (best < 0 || P.ms[i] > P.ms[best])) best = i;
+            if (P.count[i] > 0 && (best < 0 || P.ms[i] > P.ms[best])) best = i;
+        if (best < 0) break; /* the rest never timed a call (declined, or only a first call) */
         fprintf(stderr, "%-40s %8ld %10.2f %9.2f %5.1f%%\n", P.name[best], P.count[best], P.ms[best],
                 P.count[best] ? 1e3 * P.ms[best] / P.count[best] : 0.0, all > 0 ? 100.0 * P.ms[best] / all : 0.0);
         P.count[best] = -1;

@@ -1062,18 +1062,21 @@ static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter,
             double ref = 0, mag = 0;
             for (int j = 0; j < k; j++) {
                 int e = idx[t * k + j];
+                double ymag = 0; /* the sums' magnitudes, so cancellation inside them is allowed for */
                 for (int i = 0; i < inter; i++) {
-                    double g = 0, u = 0;
+                    double g = 0, u = 0, gm = 0, um = 0;
                     for (int c = 0; c < dim; c++) {
-                        g += (double)guf[((int64_t)e * 2 * inter + i) * dim + c] * x[t * dim + c];
-                        u += (double)guf[((int64_t)e * 2 * inter + inter + i) * dim + c] * x[t * dim + c];
+                        const double pg = (double)guf[((int64_t)e * 2 * inter + i) * dim + c] * x[t * dim + c];
+                        const double pu = (double)guf[((int64_t)e * 2 * inter + inter + i) * dim + c] * x[t * dim + c];
+                        g += pg, u += pu, gm += fabs(pg), um += fabs(pu);
                     }
                     h[i] = act_ref(g, act) * u;
+                    ymag += fabs(dnf[((int64_t)e * dim + d) * inter + i]) * (gm + fabs(g)) * (fabs(u) + um);
                 }
                 double y = 0;
                 for (int i = 0; i < inter; i++) y += dnf[((int64_t)e * dim + d) * inter + i] * h[i];
                 ref += w[t * k + j] * y;
-                mag += fabs(w[t * k + j] * y) + 1.0;
+                mag += fabs(w[t * k + j]) * ymag + 1.0;
             }
             /* quantized: x may be carried to quant_x_rel_error of its group's max (CPU VNNI) */
             if (!close_to(out[t * dim + d], ref, mag, bits && be->quant_x_rel_error > 0 ? 1e-3 : 1e-5)) {

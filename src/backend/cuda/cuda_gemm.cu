@@ -212,6 +212,30 @@ done:
     return ok;
 }
 
+/* out[M,N] (+)= xr[M,K] . W^T + bias with xr already in W's 16-bit dtype:
+ * cuBLASLt (autotuned), else cublasGemmEx's default. 0 when the GEMM failed
+ * (said on stderr; no bias added). */
+static int gemm16(kn_backend *be, const void *xr, int M, const kn_weight *w, const float *bias, float *out,
+                  int accumulate) {
+    const int N = (int)w->rows, K = (int)w->cols;
+    if (!lt_matmul(be, xr, M, w, out, accumulate)) {
+        const float one = 1.0f, zero = 0.0f;
+        const cudaDataType t = w->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        const cublasStatus_t st = cublasGemmEx(blas(be), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xr, t,
+                                               K, accumulate ? &one : &zero, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                               CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "kiln: cublasGemmEx failed (%d) for M=%d N=%d K=%d\n", (int)st, M, N, K);
+            return 0;
+        }
+    }
+    if (bias) {
+        const int64_t n = (int64_t)M * N;
+        k_add_bias<<<(unsigned)((n + 255) / 256), 256, 0, kn_cuda_stream(be)>>>(out, n, N, bias);
+    }
+    return 1;
+}
+
 int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                         int accumulate) {
     cublasHandle_t h = blas(be);
@@ -219,19 +243,16 @@ int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *
     cudaStream_t s = kn_cuda_stream(be);
     const int N = (int)w->rows, K = (int)w->cols;
     const float one = 1.0f, zero = 0.0f, *beta = accumulate ? &one : &zero;
-    cublasStatus_t st;
-    if (w->dtype == KN_DT_F32) {
-        st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, CUDA_R_32F, K, x, CUDA_R_32F, K, beta,
-                          out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    } else {
+    if (w->dtype != KN_DT_F32) {
         const int64_t n = (int64_t)M * K;
         void *xr = kn_cuda_scratch(be, KN_CUDA_SCRATCH_GEMM_X, (size_t)n * 2);
         if (!xr) return 0;
         k_round_x<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(x, n, w->dtype, xr);
-        cudaDataType t = w->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        st = lt_matmul(be, xr, M, w, out, accumulate) ? CUBLAS_STATUS_SUCCESS : cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xr, t, K, beta, out, CUDA_R_32F,
-                          N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        return gemm16(be, xr, M, w, bias, out, accumulate);
     }
+    const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, CUDA_R_32F, K, x,
+                                           CUDA_R_32F, K, beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                           CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "kiln: cublasGemmEx failed (%d) for M=%d N=%d K=%d\n", (int)st, M, N, K);
         return 0;
@@ -257,8 +278,7 @@ void kn_cuda_gemm_destroy(kn_backend *be) {
  * when the GEMM failed (loudly). */
 static float *gemm_norm(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                         const float *bias, int ys_slot, float *out) {
-    cublasHandle_t h = blas(be);
-    if (!h) return NULL;
+    if (!blas(be)) return NULL;
     cudaStream_t s = kn_cuda_stream(be);
     const int N = (int)w->rows, K = (int)w->cols;
     void *xr = kn_cuda_scratch(be, KN_CUDA_SCRATCH_GEMM_X, (size_t)M * K * 2);
@@ -267,19 +287,7 @@ static float *gemm_norm(kn_backend *be, const float *x, int M, const float *norm
     const int thr = K >= 1024 ? 256 : 128;
     if (w->dtype == KN_DT_BF16) k_norm_round<__nv_bfloat16><<<M, thr, 0, s>>>(x, K, norm_w, eps, (__nv_bfloat16 *)xr);
     else k_norm_round<__half><<<M, thr, 0, s>>>(x, K, norm_w, eps, (__half *)xr);
-    if (!lt_matmul(be, xr, M, w, y, 0)) {
-        const float one = 1.0f, zero = 0.0f;
-        const cudaDataType t = w->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xr, t, K, &zero, y, CUDA_R_32F, N,
-                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-            fprintf(stderr, "kiln: cublasGemmEx failed for M=%d N=%d K=%d\n", M, N, K);
-            return y; /* the norm kernel is enqueued: the op is done (and failed loudly) */
-        }
-    }
-    if (bias) {
-        const int64_t n = (int64_t)M * N;
-        k_add_bias<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(y, n, N, bias);
-    }
+    gemm16(be, xr, M, w, bias, y, 0); /* a failure is said; the norm kernel is enqueued, so the op is done */
     return y;
 }
 
@@ -318,16 +326,6 @@ int kn_cuda_mlp_swiglu_add(kn_backend *be, const float *xn, int M, const float *
     const unsigned blocks = (unsigned)((n + 255) / 256);
     if (down->dtype == KN_DT_BF16) k_swiglu_rows<__nv_bfloat16><<<blocks, 256, 0, s>>>(y, n, I, (__nv_bfloat16 *)act);
     else k_swiglu_rows<__half><<<blocks, 256, 0, s>>>(y, n, I, (__half *)act);
-    const int N = (int)down->rows, K = (int)down->cols;
-    if (!lt_matmul(be, act, M, down, x, 1)) {
-        const float one = 1.0f;
-        const cudaDataType t = down->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        if (cublasGemmEx(blas(be), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, down->data, t, K, act, t, K, &one, x,
-                         CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-            fprintf(stderr, "kiln: cublasGemmEx failed for M=%d N=%d K=%d\n", M, N, K);
-            return 1;
-        }
-    }
-    if (down_bias) k_add_bias<<<(unsigned)(((int64_t)M * N + 255) / 256), 256, 0, s>>>(x, (int64_t)M * N, N, down_bias);
+    gemm16(be, act, M, down, down_bias, x, 1); /* a failure is said; the op is done */
     return 1;
 }

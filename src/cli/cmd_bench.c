@@ -27,7 +27,15 @@ static double now_s(void) {
 
 typedef struct {
     double read_gbs, prefill_tps, prefill_s, decode_tps, decode_s, weight_gb, active_gb, floor_tps, gflops_prefill, ttft_s;
+    double prefill_tps_min, prefill_tps_max; /* over the repetitions; prefill_tps / ttft_s are their medians */
 } bench_result;
+
+#define BENCH_MAX_REPS 20
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 /* host_logits 0: decode as a greedy engine does, the backend picks each
  * token and only ids cross to the host; 1: every step's logits are copied to
@@ -38,8 +46,8 @@ static void fill_sample_rows(kn_sample_params *rows, int batch, const kn_sample_
         rows[b] = *sample, rows[b].u = (double)((*state = *state * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53;
 }
 
-static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_logits, const kn_sample_params *sample,
-                         bench_result *r, kn_error *err) {
+static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int reps, int host_logits,
+                         const kn_sample_params *sample, bench_result *r, kn_error *err) {
     const int V = m->cfg.vocab_size;
     kn_kv_seq *seqs = calloc((size_t)batch, sizeof *seqs);
     kn_kv_seq **sp = calloc((size_t)batch, sizeof *sp);
@@ -74,7 +82,10 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
                        .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next, .sample = sp_rows};
         rc = kn_model_forward(m, &bt, logits, err);
     }
-    /* prefill: each sequence's prompt, in chunks */
+    /* prefill: each sequence's prompt, in chunks; reps times over the same
+     * positions (each rewrites the KV entries of the one before) */
+    double pre_s[BENCH_MAX_REPS], ttft[BENCH_MAX_REPS];
+    for (int rep = 0; !rc && rep < reps; rep++) {
     double t0 = now_s();
     for (int b = 0; !rc && b < batch; b++) {
         for (int c0 = 0, n = 0; !rc && c0 < prompt; c0 += n) {
@@ -85,10 +96,19 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
                            .n_logits = c0 + n == prompt, .logit_rows = &last, .argmax = host_logits ? NULL : next};
             rc = kn_model_forward(m, &bt, logits, err);
         }
-        if (b == 0) r->ttft_s = now_s() - t0; /* first sequence: prompt in, first token out */
+        if (b == 0) ttft[rep] = now_s() - t0; /* first sequence: prompt in, first token out */
     }
-    r->prefill_s = now_s() - t0;
-    r->prefill_tps = (double)prompt * batch / r->prefill_s;
+    pre_s[rep] = now_s() - t0;
+    }
+    if (!rc) {
+        qsort(pre_s, (size_t)reps, sizeof *pre_s, cmp_double);
+        qsort(ttft, (size_t)reps, sizeof *ttft, cmp_double);
+        r->prefill_s = reps % 2 ? pre_s[reps / 2] : 0.5 * (pre_s[reps / 2 - 1] + pre_s[reps / 2]);
+        r->ttft_s = reps % 2 ? ttft[reps / 2] : 0.5 * (ttft[reps / 2 - 1] + ttft[reps / 2]);
+        r->prefill_tps = (double)prompt * batch / r->prefill_s;
+        r->prefill_tps_max = (double)prompt * batch / pre_s[0];
+        r->prefill_tps_min = (double)prompt * batch / pre_s[reps - 1];
+    }
     /* decode: all sequences advance one token per step */
     double t1 = now_s();
     for (int g = 0; !rc && g < gen; g++) {
@@ -138,7 +158,7 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int host_l
 int kn_cmd_bench(int argc, char **argv) {
     kn_cli_common common = {0};
     const char *model = NULL, *synthetic = NULL, *dtype_arg = NULL;
-    long prompt = 128, gen = 64, batch = 1, bits = 0, group_size = 64;
+    long prompt = 128, gen = 64, batch = 1, bits = 0, group_size = 64, reps = 1;
     int json = 0, host_logits = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     long top_k = 0;
@@ -163,6 +183,7 @@ int kn_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--prompt")) rc = kn_parse_int(a, v, 1, 1 << 20, &prompt, &err);
         else if (!strcmp(a, "--gen")) rc = kn_parse_int(a, v, 1, 1 << 20, &gen, &err);
         else if (!strcmp(a, "--batch")) rc = kn_parse_int(a, v, 1, 512, &batch, &err);
+        else if (!strcmp(a, "--reps")) rc = kn_parse_int(a, v, 1, BENCH_MAX_REPS, &reps, &err);
         else if (!strcmp(a, "--dtype")) dtype_arg = v;
         else if (!strcmp(a, "--bits")) rc = kn_parse_int(a, v, 0, 8, &bits, &err);
         else if (!strcmp(a, "--group-size")) rc = kn_parse_int(a, v, 32, 128, &group_size, &err);
@@ -237,25 +258,27 @@ int kn_cmd_bench(int argc, char **argv) {
     if (temp > 0.0 && !sampled && !host_logits)
         fprintf(stderr, "bench: the %s backend cannot sample; decoding greedily\n", m->be->vt->name);
     const char *how = host_logits ? "host logits" : sampled ? "backend sampling" : "backend greedy";
-    rc = run_bench(m, (int)prompt, (int)gen, (int)batch, host_logits, sampled ? &sparams : NULL, &r, &err);
+    rc = run_bench(m, (int)prompt, (int)gen, (int)batch, (int)reps, host_logits, sampled ? &sparams : NULL, &r, &err);
     if (!rc) {
         if (json)
             printf("{\"model\": \"%s\", \"desc\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"prompt\": %ld, "
                    "\"gen\": %ld, \"batch\": %ld, \"weight_gb\": %.4f, \"active_weight_gb\": %.4f, \"read_bandwidth_gbs\": %.2f, "
-                   "\"prefill_tok_s\": %.2f, \"prefill_gflops\": %.1f, \"decode_tok_s\": %.2f, "
+                   "\"prefill_tok_s\": %.2f, \"prefill_tok_s_min\": %.2f, \"prefill_tok_s_max\": %.2f, \"prefill_reps\": %ld, "
+                   "\"prefill_gflops\": %.1f, \"decode_tok_s\": %.2f, "
                    "\"decode_floor_tok_s\": %.2f, \"decode_fraction_of_floor\": %.3f, \"ttft_ms\": %.2f, "
                    "\"sampling\": \"%s\"}\n",
                    label, m->desc, m->be->vt->name, m->be->n_threads, prompt, gen, batch, r.weight_gb, r.active_gb, r.read_gbs,
-                   r.prefill_tps, r.gflops_prefill, r.decode_tps, r.floor_tps, r.decode_tps / r.floor_tps,
-                   r.ttft_s * 1e3, how);
+                   r.prefill_tps, r.prefill_tps_min, r.prefill_tps_max, reps, r.gflops_prefill, r.decode_tps, r.floor_tps,
+                   r.decode_tps / r.floor_tps, r.ttft_s * 1e3, how);
         else
             printf("model    %s\n         %s\nbackend  %s, %d threads\nweights  %.3f GB, %.3f GB read per decode step (active)\n"
                    "memory   %.1f GB/s read bandwidth (measured now)\n"
-                   "prefill  %ld tokens x %ld: %.1f tok/s (%.1f GFLOP/s in matmuls)\n"
+                   "prefill  %ld tokens x %ld: %.1f tok/s (%.1f GFLOP/s in matmuls; median of %ld, %.1f..%.1f)\n"
                    "decode   %ld tokens x %ld: %.2f tok/s; floor %.2f tok/s -> %.1f%% of the memory floor (%s)\n"
                    "ttft     %.2f ms (first sequence)\n",
                    label, m->desc, m->be->vt->name, m->be->n_threads, r.weight_gb, r.active_gb, r.read_gbs, prompt, batch,
-                   r.prefill_tps, r.gflops_prefill, gen, batch, r.decode_tps, r.floor_tps,
+                   r.prefill_tps, r.gflops_prefill, reps, r.prefill_tps_min, r.prefill_tps_max, gen, batch, r.decode_tps,
+                   r.floor_tps,
                    100.0 * r.decode_tps / r.floor_tps, how,
                    r.ttft_s * 1e3);
     }

@@ -18,22 +18,24 @@
  * the rounded probabilities (an mma of P against ones, beside P V), so O is a
  * convex combination of the rounded v.
  *
- * Tiles are scheduled heaviest first (the last query tile sees the most
- * keys); a warp skips key tiles that are wholly masked for its rows. Head
+ * Tiles are scheduled heaviest first across all heads (the last query tile
+ * sees the most keys); a warp skips key tiles that are wholly masked for its rows. Head
  * dims 64 and 128 (others take the GEMM path). */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
 
 #include "backend/cuda/cuda_internal.h"
 
-#define FP_BM 64 /* query rows per block: 16 per warp */
-#define FP_BN 64 /* keys per tile */
+#define FP_BN 64 /* keys per gathered chunk (the buffer is padded to a multiple); key tiles are 32 or 64 */
 #define FP_WARPS 4
 
-template <int HD>
+template <int HD, int BN>
 struct fp_layout {
-    static constexpr int LDK = HD + 8, LDV = FP_BN + 8; /* +8 halves: conflict-free fragment reads */
-    static constexpr size_t k_bytes = (size_t)FP_BN * LDK * 2, v_bytes = (size_t)HD * LDV * 2;
+    static constexpr int LDK = HD + 8; /* K, V and Q rows; +8 halves: conflict-free fragment reads */
+    static constexpr size_t k_bytes = (size_t)BN * LDK * 2, v_bytes = k_bytes;
     static constexpr size_t stage = k_bytes + v_bytes, total = 2 * stage; /* double-buffered */
 };
 
@@ -50,6 +52,14 @@ __device__ __forceinline__ void fp_cp_wait1() { asm volatile("cp.async.wait_grou
 __device__ __forceinline__ void fp_ldsm4(uint32_t *r, const void *smem) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+/* the same with .trans: of each matrix, lane l receives column l / 4, rows
+ * 2 (l % 4) and 2 (l % 4) + 1 (B fragments from row-major V: rows = keys) */
+__device__ __forceinline__ void fp_ldsm4_t(uint32_t *r, const void *smem) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
@@ -97,10 +107,10 @@ __device__ __forceinline__ void fp_mma<__half>(float *d, const uint32_t *a, uint
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* The run's keys [kbase, kbase + ctxp) of every KV head, rounded to T:
- * kg [n_kv][ctxp][HD] and V transposed, vg [n_kv][HD][ctxp]; positions past
- * last are zero. One block per (64 keys, KV head); V goes through a shared
- * tile so both the paged reads and the transposed writes are coalesced. */
+/* The run's keys and values [kbase, kbase + ctxp) of every KV head, rounded
+ * to T: kg / vg [n_kv][ctxp][HD]; positions past last are zero. One block
+ * per (64 keys, KV head). For caches whose rows the kernel cannot read as
+ * they are (f32 rows, or bf16 rows with f16 compute). */
 template <bool BF> __device__ __forceinline__ float4 fp_load4(const void *p, int64_t i) {
     if (!BF) return *(const float4 *)((const float *)p + i);
     const uint2 u = *(const uint2 *)((const uint16_t *)p + i);
@@ -111,7 +121,6 @@ template <bool BF> __device__ __forceinline__ float4 fp_load4(const void *p, int
 template <typename T, int HD, bool BF>
 __global__ void __launch_bounds__(256) k_fp_gather(kn_kv_layer kv, const int32_t *__restrict__ bt, int kbase, int last,
                                                    int ctxp, T *__restrict__ kg, T *__restrict__ vg) {
-    __shared__ float vt[FP_BN][HD + 1];
     const int kvh = blockIdx.y, j0 = blockIdx.x * FP_BN, bs = kv.block_size;
     const int64_t kv_w = (int64_t)kv.n_kv_heads * kv.head_dim;
     for (int idx = threadIdx.x; idx < FP_BN * HD / 4; idx += blockDim.x) {
@@ -121,212 +130,311 @@ __global__ void __launch_bounds__(256) k_fp_gather(kn_kv_layer kv, const int32_t
             const int64_t off = ((int64_t)bt[p / bs] * bs + p % bs) * kv_w + (int64_t)kvh * HD + c;
             k4 = fp_load4<BF>(kv.k, off), v4 = fp_load4<BF>(kv.v, off);
         }
-        *(uint2 *)(kg + ((int64_t)kvh * ctxp + j0 + j) * HD + c) =
-            make_uint2(fp_pack<T>(k4.x, k4.y), fp_pack<T>(k4.z, k4.w));
-        vt[j][c] = v4.x, vt[j][c + 1] = v4.y, vt[j][c + 2] = v4.z, vt[j][c + 3] = v4.w;
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < FP_BN * HD; idx += blockDim.x) {
-        const int d = idx / FP_BN, j = idx % FP_BN;
-        vg[((int64_t)kvh * HD + d) * ctxp + j0 + j] = fp_round<T>(vt[j][d]);
+        const int64_t o = ((int64_t)kvh * ctxp + j0 + j) * HD + c;
+        *(uint2 *)(kg + o) = make_uint2(fp_pack<T>(k4.x, k4.y), fp_pack<T>(k4.z, k4.w));
+        *(uint2 *)(vg + o) = make_uint2(fp_pack<T>(v4.x, v4.y), fp_pack<T>(v4.z, v4.w));
     }
 }
 
+/* Where the kernel reads key / value rows: the gathered buffers (kg / vg
+ * [n_kv][ctxp][HD] from kbase), or, with DIRECT, the paged cache itself
+ * (bf16 rows read as bf16 compute: k / v, block table bt, rows of kv_w
+ * elements; positions past last read row last, whose probabilities are 0). */
+template <typename T> struct fp_kv_src {
+    const T *k, *v;
+    const int32_t *bt;
+    int block_size, ctxp, kbase, last;
+    int64_t kv_w;
+};
+
 /* q, out: the run's first row; rows i of the run are at positions p0 + i;
- * kg / vg: the gathered keys / transposed values from kbase (k_fp_gather). */
+ * src: where key / value rows come from (fp_kv_src).
+ * MT: m-tiles of 16 query rows per warp. MT = 1 keeps the warp's Q fragments
+ * in registers; MT = 2 (32 contiguous rows per warp, 128 per block) stages
+ * Q in shared memory, and each K / V fragment read feeds two mma. */
 template <bool B> struct fp_flag {
     static constexpr bool value = B;
 };
 
-template <typename T, int HD, bool CAP>
-__global__ void __launch_bounds__(FP_WARPS * 32)
+template <typename T, int HD, bool CAP, int MT, int BN, bool DIRECT>
+__global__ void __launch_bounds__(FP_WARPS * 32, MT == 1 && !CAP ? 3 : 2) /* 16 rows per warp: 3 blocks per SM */
     k_flash_prefill(const float *__restrict__ q, int64_t q_stride, float *__restrict__ out, int n_heads, int group,
-                    const T *__restrict__ kg, const T *__restrict__ vg, int kbase, int ctxp, int p0, int len,
-                    int window, float scale, float softcap) {
-    typedef fp_layout<HD> L;
+                    fp_kv_src<T> src, int p0, int len, int window, float scale, float softcap) {
+    typedef fp_layout<HD, BN> L;
     extern __shared__ __align__(128) unsigned char fp_smem[];
-    constexpr int KT = HD / 16, NT = HD / 8, ST = FP_BN / 8;
+    constexpr int KT = HD / 16, NT = HD / 8, ST = BN / 8, BM = FP_WARPS * 16 * MT, WR = 16 * MT;
+    constexpr bool QREG = MT == 1;
+    constexpr size_t q_bytes = QREG ? 0 : (size_t)BM * L::LDK * 2; /* Q rows, padded like K rows */
 
-    const int tile = gridDim.x - 1 - blockIdx.x; /* heaviest (latest) tiles first */
-    const int h = blockIdx.y, kvh = h / group;
+    /* blocks start in launch order, x fastest: every head's latest (heaviest)
+     * query tile first, then the next latest, so the light tiles fill the tail */
+    const int tile = gridDim.y - 1 - blockIdx.y;
+    const int h = blockIdx.x, kvh = h / group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int i0 = tile * FP_BM, rows = len - i0 < FP_BM ? len - i0 : FP_BM;
-    /* this lane's two rows (g and g + 8 of the warp's 16) */
-    const int ra = warp * 16 + g, rb = ra + 8;
-    const bool oka = ra < rows, okb = rb < rows;
-    const int pa = p0 + i0 + ra, pb = pa + 8;
+    const int i0 = tile * BM, rows = len - i0 < BM ? len - i0 : BM;
+    /* this lane's rows, per m-tile: g and g + 8 of the m-tile's 16 */
+    int ra[MT], pa[MT];
+    bool oka[MT], okb[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        ra[mt] = warp * WR + mt * 16 + g, pa[mt] = p0 + i0 + ra[mt];
+        oka[mt] = ra[mt] < rows, okb[mt] = ra[mt] + 8 < rows;
+    }
 
-    /* Q fragments, rounded to T, straight from global memory */
-    uint32_t qa[KT][4];
-    {
-        const float *qra = q + (int64_t)(i0 + ra) * q_stride + (int64_t)h * HD;
-        const float *qrb = q + (int64_t)(i0 + rb) * q_stride + (int64_t)h * HD;
+    /* Q rounded to T: fragments in registers (MT = 1), or rows in shared
+     * memory (published by the first tile's barrier) */
+    uint32_t qa[QREG ? KT : 1][4];
+    T *Qs = (T *)fp_smem;
+    if constexpr (QREG) {
+        const float *qra = q + (int64_t)(i0 + ra[0]) * q_stride + (int64_t)h * HD;
+        const float *qrb = qra + 8 * q_stride;
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) {
             const int c = kk * 16 + 2 * t;
-            qa[kk][0] = oka ? fp_pack<T>(qra[c], qra[c + 1]) : 0u;
-            qa[kk][1] = okb ? fp_pack<T>(qrb[c], qrb[c + 1]) : 0u;
-            qa[kk][2] = oka ? fp_pack<T>(qra[c + 8], qra[c + 9]) : 0u;
-            qa[kk][3] = okb ? fp_pack<T>(qrb[c + 8], qrb[c + 9]) : 0u;
+            qa[kk][0] = oka[0] ? fp_pack<T>(qra[c], qra[c + 1]) : 0u;
+            qa[kk][1] = okb[0] ? fp_pack<T>(qrb[c], qrb[c + 1]) : 0u;
+            qa[kk][2] = oka[0] ? fp_pack<T>(qra[c + 8], qra[c + 9]) : 0u;
+            qa[kk][3] = okb[0] ? fp_pack<T>(qrb[c + 8], qrb[c + 9]) : 0u;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < BM * HD / 2; idx += FP_WARPS * 32) {
+            const int r = idx / (HD / 2), c = (idx % (HD / 2)) * 2;
+            const float *qr = q + (int64_t)(i0 + r) * q_stride + (int64_t)h * HD + c;
+            *(uint32_t *)(Qs + r * L::LDK + c) = r < rows ? fp_pack<T>(qr[0], qr[1]) : 0u;
         }
     }
-    float o[NT][4];
+    float o[MT][NT][4];
 #pragma unroll
-    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
     /* m: running max of the raw scores per row; l (ol): running row sums of
-     * the rounded probabilities, summed by an mma against ones (ol[0] row
-     * g, ol[2] row g + 8) */
-    float ma = -INFINITY, mb = -INFINITY, ol[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+     * the rounded probabilities, summed by an mma against ones (ol[.][0] row
+     * g, ol[.][2] row g + 8) */
+    float ma[MT], mb[MT], ol[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) ma[mt] = mb[mt] = -INFINITY, ol[mt][0] = ol[mt][1] = ol[mt][2] = ol[mt][3] = 0.0f;
     const float sl2 = scale * FP_LOG2E; /* probabilities 2^(s sl2 - m sl2) = e^(scale (s - m)) */
     const float cap_in = CAP ? scale / softcap : 0.0f, cap_out = CAP ? softcap / scale : 0.0f;
 
     const int first = p0 + i0, last = p0 + i0 + rows - 1;
-    const int lo = window > 0 && first - window + 1 > kbase ? first - window + 1 : kbase;
-    const int kt0 = kbase + (lo - kbase) / FP_BN * FP_BN; /* tiles aligned to the gathered buffer */
-    const int n_tiles = (last - kt0) / FP_BN + 1;
-    const int w_first = p0 + i0 + warp * 16, w_last = w_first + 15;
-    const T *kgh = kg + (int64_t)kvh * ctxp * HD, *vgh = vg + (int64_t)kvh * HD * ctxp;
-    /* stage tile it into buffer it & 1: K rows (HD * 2 bytes each), V^T rows (64 keys * 2 bytes each) */
+    const int kbase = src.kbase, lo = window > 0 && first - window + 1 > kbase ? first - window + 1 : kbase;
+    const int kt0 = kbase + (lo - kbase) / BN * BN; /* tiles aligned to the gathered buffer */
+    const int n_tiles = (last - kt0) / BN + 1;
+    const int w_first = p0 + i0 + warp * WR, w_last = w_first + WR - 1;
+    unsigned char *kv_smem = fp_smem + q_bytes;
+    /* stage tile it into buffer it & 1: K rows, then V rows (HD * 2 bytes each) */
     auto issue = [&](int it) {
-        unsigned char *st = fp_smem + (it & 1) * L::stage;
-        T *Ks = (T *)st, *Vt = (T *)(st + L::k_bytes);
-        const int r0 = kt0 - kbase + it * FP_BN;
-        for (int idx = threadIdx.x; idx < FP_BN * HD / 8; idx += FP_WARPS * 32) {
-            const int j = idx / (HD / 8), c = (idx % (HD / 8)) * 8;
-            fp_cp16(Ks + j * L::LDK + c, kgh + (int64_t)(r0 + j) * HD + c);
-        }
-        for (int idx = threadIdx.x; idx < HD * FP_BN / 8; idx += FP_WARPS * 32) {
-            const int d = idx / (FP_BN / 8), c = (idx % (FP_BN / 8)) * 8;
-            fp_cp16(Vt + d * L::LDV + c, vgh + (int64_t)d * ctxp + r0 + c);
+        unsigned char *st = kv_smem + (it & 1) * L::stage;
+        T *Ks = (T *)st, *Vs = (T *)(st + L::k_bytes);
+        for (int idx = threadIdx.x; idx < BN * HD / 8; idx += FP_WARPS * 32) {
+            const int j = idx / (HD / 8), c = (idx % (HD / 8)) * 8, p = kt0 + it * BN + j;
+            int64_t off;
+            if constexpr (DIRECT) {
+                const int pc = p <= src.last ? p : src.last;
+                off = ((int64_t)src.bt[pc / src.block_size] * src.block_size + pc % src.block_size) * src.kv_w +
+                      (int64_t)kvh * HD + c;
+            } else off = ((int64_t)kvh * src.ctxp + p - src.kbase) * HD + c;
+            fp_cp16(Ks + j * L::LDK + c, src.k + off);
+            fp_cp16(Vs + j * L::LDK + c, src.v + off);
         }
     };
     issue(0);
     fp_cp_commit();
     for (int it = 0; it < n_tiles; it++) {
-        const int kt = kt0 + it * FP_BN;
+        const int kt = kt0 + it * BN;
         if (it + 1 < n_tiles) issue(it + 1);
         fp_cp_commit();
         fp_cp_wait1(); /* tile it has landed (for this thread) */
         __syncthreads();
-        const T *Ks = (const T *)(fp_smem + (it & 1) * L::stage), *Vt = (const T *)(fp_smem + (it & 1) * L::stage + L::k_bytes);
+        const T *Ks = (const T *)(kv_smem + (it & 1) * L::stage),
+                *Vs = (const T *)(kv_smem + (it & 1) * L::stage + L::k_bytes);
         /* one key tile for this warp's rows; MASKED: some score of the tile
          * is masked (diagonal, window edge, padding rows). The two variants
          * are separate code, so unmasked tiles carry no mask arithmetic. */
         auto tile_step = [&](auto masked_flag) {
             constexpr bool MASKED = decltype(masked_flag)::value;
-            float s[ST][4];
+            float s[MT][ST][4];
 #pragma unroll
-            for (int n = 0; n < ST; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int kk = 0; kk < KT; kk++)
+                for (int n = 0; n < ST; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t qf[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if constexpr (QREG) qf[mt][0] = qa[kk][0], qf[mt][1] = qa[kk][1], qf[mt][2] = qa[kk][2], qf[mt][3] = qa[kk][3];
+                    else /* A layout: matrices (rows 0-7 | 8-15) x (dims 0-7 | 8-15) */
+                        fp_ldsm4(qf[mt], Qs + (warp * WR + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * L::LDK +
+                                             kk * 16 + (lane >> 4) * 8);
+                }
 #pragma unroll
                 for (int n = 0; n < ST; n += 2) { /* keys of n-tiles n, n + 1; dims kk*16 .. +16 */
                     uint32_t b[4];
                     fp_ldsm4(b, Ks + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * L::LDK + kk * 16 + ((lane >> 3) & 1) * 8);
-                    fp_mma<T>(s[n], qa[kk], b[0], b[1]);
-                    fp_mma<T>(s[n + 1], qa[kk], b[2], b[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        fp_mma<T>(s[mt][n], qf[mt], b[0], b[1]);
+                        fp_mma<T>(s[mt][n + 1], qf[mt], b[2], b[3]);
+                    }
                 }
+            }
             /* soft-cap and mask the raw scores; running max per row (the 4 lanes
              * of a quad share rows). Tiles wholly inside every row's causal
              * window, with no padding rows, need no mask (warp-uniform). The
              * scale is applied inside the exponent (one fma per score). */
-            float mxa = -INFINITY, mxb = -INFINITY;
+            uint32_t pf[MT][BN / 16][4]; /* P (rounded to T) as A fragments of the P.V product */
+            float fa[MT], fb[MT]; /* per row: the factor of the output and sums so far */
+            bool moved = false;
 #pragma unroll
-            for (int n = 0; n < ST; n++)
+            for (int mt = 0; mt < MT; mt++) {
+                float mxa = -INFINITY, mxb = -INFINITY;
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = s[n][e];
-                    if (CAP) v = cap_out * tanhf(v * cap_in); /* s' with s' scale = softcap tanh(s scale / softcap) */
-                    if (MASKED) {
-                        const int kp = kt + n * 8 + 2 * t + (e & 1), p = e < 2 ? pa : pb;
-                        const bool ok = (e < 2 ? oka : okb) && kp <= p && (window <= 0 || kp > p - window);
-                        v = ok ? v : -INFINITY;
+                for (int n = 0; n < ST; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float v = s[mt][n][e];
+                        if (CAP) v = cap_out * tanhf(v * cap_in); /* s' with s' scale = softcap tanh(s scale / softcap) */
+                        if (MASKED) {
+                            const int kp = kt + n * 8 + 2 * t + (e & 1), p = pa[mt] + (e < 2 ? 0 : 8);
+                            const bool ok = (e < 2 ? oka[mt] : okb[mt]) && kp <= p && (window <= 0 || kp > p - window);
+                            v = ok ? v : -INFINITY;
+                        }
+                        s[mt][n][e] = v;
+                        if (e < 2) mxa = fmaxf(mxa, v);
+                        else mxb = fmaxf(mxb, v);
                     }
-                    s[n][e] = v;
-                    if (e < 2) mxa = fmaxf(mxa, v);
-                    else mxb = fmaxf(mxb, v);
+                const kn_softmax_step sm = kn_softmax_rows(mxa, mxb, ma[mt], mb[mt], sl2);
+                const float za = sm.za, zb = sm.zb, aa = sm.aa, ab = sm.ab;
+#pragma unroll
+                for (int n = 0; n < ST; n++) {
+                    const float e0 = kn_exp2_approx(fmaf(s[mt][n][0], sl2, -za)), e1 = kn_exp2_approx(fmaf(s[mt][n][1], sl2, -za));
+                    const float e2 = kn_exp2_approx(fmaf(s[mt][n][2], sl2, -zb)), e3 = kn_exp2_approx(fmaf(s[mt][n][3], sl2, -zb));
+                    pf[mt][n / 2][(n & 1) * 2 + 0] = fp_pack<T>(e0, e1); /* n even: a0 / a1; n odd: a2 / a3 */
+                    pf[mt][n / 2][(n & 1) * 2 + 1] = fp_pack<T>(e2, e3);
                 }
-            const kn_softmax_step sm = kn_softmax_rows(mxa, mxb, ma, mb, sl2);
-            const float za = sm.za, zb = sm.zb, aa = sm.aa, ab = sm.ab;
-            /* P (rounded to T) as A fragments of the P.V product */
-            uint32_t pf[FP_BN / 16][4];
-#pragma unroll
-            for (int n = 0; n < ST; n++) {
-                const float e0 = kn_exp2_approx(fmaf(s[n][0], sl2, -za)), e1 = kn_exp2_approx(fmaf(s[n][1], sl2, -za));
-                const float e2 = kn_exp2_approx(fmaf(s[n][2], sl2, -zb)), e3 = kn_exp2_approx(fmaf(s[n][3], sl2, -zb));
-                pf[n / 2][(n & 1) * 2 + 0] = fp_pack<T>(e0, e1); /* n even: a0 / a1; n odd: a2 / a3 */
-                pf[n / 2][(n & 1) * 2 + 1] = fp_pack<T>(e2, e3);
+                fa[mt] = aa, fb[mt] = ab;
+                moved |= aa != 1.0f || ab != 1.0f;
             }
-            /* the output and sums are rescaled only when some row's max moved */
-            if (__any_sync(0xffffffffu, aa != 1.0f || ab != 1.0f)) {
-                ol[0] *= aa, ol[1] *= aa, ol[2] *= ab, ol[3] *= ab;
+            if (__any_sync(0xffffffffu, moved)) { /* only when some row's max moved */
 #pragma unroll
-                for (int n = 0; n < NT; n++) o[n][0] *= aa, o[n][1] *= aa, o[n][2] *= ab, o[n][3] *= ab;
+                for (int mt = 0; mt < MT; mt++) {
+                    const float aa = fa[mt], ab = fb[mt];
+                    ol[mt][0] *= aa, ol[mt][1] *= aa, ol[mt][2] *= ab, ol[mt][3] *= ab;
+#pragma unroll
+                    for (int n = 0; n < NT; n++) o[mt][n][0] *= aa, o[mt][n][1] *= aa, o[mt][n][2] *= ab, o[mt][n][3] *= ab;
+                }
             }
 #pragma unroll
-            for (int kk = 0; kk < FP_BN / 16; kk++) fp_mma<T>(ol, pf[kk], fp_ones<T>(), fp_ones<T>());
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int kk = 0; kk < FP_BN / 16; kk++)
+                for (int kk = 0; kk < BN / 16; kk++) fp_mma<T>(ol[mt], pf[mt][kk], fp_ones<T>(), fp_ones<T>());
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
                 for (int n = 0; n < NT; n += 2) { /* dims of n-tiles n, n + 1; keys kk*16 .. +16 */
                     uint32_t b[4];
-                    fp_ldsm4(b, Vt + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * L::LDV + kk * 16 + ((lane >> 3) & 1) * 8);
-                    fp_mma<T>(o[n], pf[kk], b[0], b[1]);
-                    fp_mma<T>(o[n + 1], pf[kk], b[2], b[3]);
+                    /* matrices (keys 0-7 | 8-15) x (dims of n | n + 1), transposed */
+                    fp_ldsm4_t(b, Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * L::LDK + n * 8 + (lane >> 4) * 8);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        fp_mma<T>(o[mt][n], pf[mt][kk], b[0], b[1]);
+                        fp_mma<T>(o[mt][n + 1], pf[mt][kk], b[2], b[3]);
+                    }
                 }
         };
         /* wholly masked for this warp's rows: nothing changes */
-        if (!(kt > w_last || (window > 0 && kt + FP_BN - 1 <= w_first - window) || warp * 16 >= rows)) {
-            if (kt + FP_BN - 1 > w_first || (window > 0 && kt <= w_last - window) || warp * 16 + 16 > rows)
+        if (!(kt > w_last || (window > 0 && kt + BN - 1 <= w_first - window) || warp * WR >= rows)) {
+            if (kt + BN - 1 > w_first || (window > 0 && kt <= w_last - window) || warp * WR + WR > rows)
                 tile_step(fp_flag<true>());
             else tile_step(fp_flag<false>());
         }
         __syncthreads(); /* buffer it & 1 is refilled by the next iteration's issue */
     }
-    const float la = ol[0], lb = ol[2];
-    const float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
-    float *oa = out + (int64_t)(i0 + ra) * n_heads * HD + (int64_t)h * HD + 2 * t;
-    float *ob = oa + (int64_t)8 * n_heads * HD;
 #pragma unroll
-    for (int n = 0; n < NT; n++) {
-        if (oka) *(float2 *)(oa + n * 8) = make_float2(o[n][0] * ia, o[n][1] * ia);
-        if (okb) *(float2 *)(ob + n * 8) = make_float2(o[n][2] * ib, o[n][3] * ib);
+    for (int mt = 0; mt < MT; mt++) {
+        const float la = ol[mt][0], lb = ol[mt][2];
+        const float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
+        float *oa = out + (int64_t)(i0 + ra[mt]) * n_heads * HD + (int64_t)h * HD + 2 * t;
+        float *ob = oa + (int64_t)8 * n_heads * HD;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            if (oka[mt]) *(float2 *)(oa + n * 8) = make_float2(o[mt][n][0] * ia, o[mt][n][1] * ia);
+            if (okb[mt]) *(float2 *)(ob + n * 8) = make_float2(o[mt][n][2] * ib, o[mt][n][3] * ib);
+        }
     }
 }
 
-template <typename T, int HD>
-static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len) {
+/* dynamic shared memory of k_flash_prefill<., HD, ., MT, BN, .>: Q rows (MT > 1), double-buffered K / V tiles */
+template <int HD, int MT, int BN> static constexpr size_t fp_smem_bytes() {
+    return (MT > 1 ? (size_t)FP_WARPS * 16 * MT * fp_layout<HD, BN>::LDK * 2 : 0) + fp_layout<HD, BN>::total;
+}
+
+template <typename T, int HD, int MT, int BN, bool DIRECT>
+static int launch_fp_cfg(const kn_attention_args *a, cudaStream_t st, int t0, int len, int G, const fp_kv_src<T> &src) {
     static int attr_set = 0; /* per instantiation */
-    const size_t smem = fp_layout<HD>::total;
+    const size_t smem = fp_smem_bytes<HD, MT, BN>();
     if (!attr_set) {
-        if (cudaFuncSetAttribute(k_flash_prefill<T, HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess ||
-            cudaFuncSetAttribute(k_flash_prefill<T, HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess) {
+        if (cudaFuncSetAttribute(k_flash_prefill<T, HD, false, MT, BN, DIRECT>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
+            cudaFuncSetAttribute(k_flash_prefill<T, HD, true, MT, BN, DIRECT>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
         attr_set = 1;
     }
+    const int bm = FP_WARPS * 16 * MT;
+    const dim3 grid((unsigned)a->n_heads, (unsigned)((len + bm - 1) / bm));
+    (a->softcap > 0.0f ? k_flash_prefill<T, HD, true, MT, BN, DIRECT>
+                       : k_flash_prefill<T, HD, false, MT, BN, DIRECT>)<<<grid, FP_WARPS * 32, smem, st>>>(
+        a->q + (int64_t)t0 * a->q_stride, a->q_stride, a->out + (int64_t)t0 * a->n_heads * HD, a->n_heads, G, src,
+        a->pos_host[t0], len, a->window, a->scale, a->softcap);
+    return cudaPeekAtLastError() == cudaSuccess;
+}
+
+/* runs longer than one 64-row tile: 32 rows per warp with 32-key tiles.
+ * KILN_FP_CFG=1x64 | 2x32 (16-row m-tiles per warp x keys per tile) forces
+ * one, for A/B benchmarks */
+template <typename T, int HD, bool DIRECT>
+static int launch_fp_any(const kn_attention_args *a, cudaStream_t st, int t0, int len, int G, const fp_kv_src<T> &src) {
+    static int cfg = -1;
+    if (cfg < 0) {
+        const char *e = getenv("KILN_FP_CFG");
+        cfg = !e ? 0 : !strcmp(e, "1x64") ? 1 : !strcmp(e, "2x32") ? 2 : 0;
+    }
+    if (cfg == 2 || (cfg == 0 && len > FP_WARPS * 16)) return launch_fp_cfg<T, HD, 2, 32, DIRECT>(a, st, t0, len, G, src);
+    return launch_fp_cfg<T, HD, 1, 64, DIRECT>(a, st, t0, len, G, src);
+}
+
+template <typename T, int HD>
+static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len) {
     const kn_kv_layer *kv = a->kv;
     const int s = a->seq_host[t0], G = a->n_heads / kv->n_kv_heads, p0 = a->pos_host[t0], last = p0 + len - 1;
     const int kbase = a->window > 0 && p0 - a->window + 1 > 0 ? p0 - a->window + 1 : 0;
     const int ctxp = (last - kbase + FP_BN) / FP_BN * FP_BN;
+    const int32_t *bt = a->block_tables + (int64_t)s * a->max_blocks;
+    cudaStream_t st = kn_cuda_stream(be);
+    fp_kv_src<T> src = {NULL, NULL, bt, kv->block_size, ctxp, kbase, last, (int64_t)kv->n_kv_heads * HD};
+    /* bf16 rows with bf16 compute: read in place (KILN_FP_GATHER=1 gathers them first, for A/B runs) */
+    static int force_gather = -1;
+    if (force_gather < 0) force_gather = getenv("KILN_FP_GATHER") != NULL;
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        if (kv->k_fmt == KN_KVF_BF16 && !force_gather) {
+            src.k = (const T *)kv->k, src.v = (const T *)kv->v;
+            return launch_fp_any<T, HD, true>(a, st, t0, len, G, src);
+        }
+    }
     const size_t one_buf = (size_t)kv->n_kv_heads * ctxp * HD * sizeof(T);
     T *kg = (T *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTN_GEMM, 2 * one_buf);
     if (!kg) return 0;
     T *vg = (T *)((char *)kg + one_buf);
-    const int32_t *bt = a->block_tables + (int64_t)s * a->max_blocks;
-    cudaStream_t st = kn_cuda_stream(be);
     const dim3 ggrid((unsigned)(ctxp / FP_BN), (unsigned)kv->n_kv_heads);
     if (kv->k_fmt == KN_KVF_BF16) k_fp_gather<T, HD, true><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
     else k_fp_gather<T, HD, false><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
-    dim3 grid((unsigned)((len + FP_BM - 1) / FP_BM), (unsigned)a->n_heads);
-    (a->softcap > 0.0f ? k_flash_prefill<T, HD, true> : k_flash_prefill<T, HD, false>)<<<grid, FP_WARPS * 32, smem, st>>>(a->q + (int64_t)t0 * a->q_stride, a->q_stride,
-                                                              a->out + (int64_t)t0 * a->n_heads * HD, a->n_heads, G,
-                                                              kg, vg, kbase, ctxp, p0, len, a->window, a->scale,
-                                                              a->softcap);
-    return cudaPeekAtLastError() == cudaSuccess;
+    src.k = kg, src.v = vg;
+    return launch_fp_any<T, HD, false>(a, st, t0, len, G, src);
 }
 
 template <typename T>

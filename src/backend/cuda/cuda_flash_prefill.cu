@@ -2,25 +2,29 @@
  * (FlashAttention-2 style): a run of consecutive positions of one sequence
  * attends to its paged K/V without materializing scores in global memory.
  *
- * One block of 4 warps per (64-query tile, query head); each warp owns 16
- * query rows and keeps everything of them in registers: its Q fragments, the
- * 16 x 64 score tile, the running max m and sum l per row, and the 16 x HD
- * output accumulator. Key tiles of 64 are gathered from the paged cache
- * through the block table (float or bf16 cache rows; compressed formats take
- * the GEMM path) into shared memory (K row-major, V transposed),
- * rounded to the compute dtype (bf16 or f16). S = Q K^T and O += P V run as
- * mma.sync m16n8k16 with f32 accumulation; scale, soft-cap and the causal /
- * sliding-window mask are applied to S in f32, and the score fragments are
- * re-packed in registers as the A operand of P V (no shared-memory trip).
+ * One block of 4 warps per (query tile, query head). Each warp owns 16 query
+ * rows (runs of up to 64 rows: Q fragments in registers, 64-key tiles) or 32
+ * (longer runs: two m-tiles, Q rows in shared memory, 32-key tiles, so each
+ * K / V fragment read feeds two mma), and keeps in registers the score tile,
+ * the running max m and sum l per row and the rows x HD output accumulator.
+ * Key / value tiles are staged by cp.async (double-buffered) into shared
+ * memory, K and V both row-major: bf16 cache rows with bf16 compute straight
+ * from the paged cache through the block table; f32 rows, or f16 compute,
+ * from a copy gathered once per run and rounded to the compute dtype
+ * (compressed formats take the GEMM path). S = Q K^T and O += P V run as
+ * mma.sync m16n8k16 with f32 accumulation (V fragments by ldmatrix.trans);
+ * scale, soft-cap and the causal / sliding-window mask are applied to S in
+ * f32, and the score fragments are re-packed in registers as the A operand
+ * of P V (no shared-memory trip).
  *
  * Numerics: q, k, v and the unnormalized probabilities exp(s - m) are rounded
  * to the compute dtype (as the GEMM path rounds q/k/v/P); sums are f32; l sums
  * the rounded probabilities (an mma of P against ones, beside P V), so O is a
  * convex combination of the rounded v.
  *
- * Tiles are scheduled heaviest first across all heads (the last query tile
- * sees the most keys); a warp skips key tiles that are wholly masked for its rows. Head
- * dims 64 and 128 (others take the GEMM path). */
+ * Query tiles are scheduled heaviest first across all heads (the last tile
+ * sees the most keys); a warp skips key tiles that are wholly masked for its
+ * rows. Head dims 64 and 128 (others take the GEMM path). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,7 +223,7 @@ __global__ void __launch_bounds__(FP_WARPS * 32, MT == 1 && !CAP ? 3 : 2) /* 16 
 
     const int first = p0 + i0, last = p0 + i0 + rows - 1;
     const int kbase = src.kbase, lo = window > 0 && first - window + 1 > kbase ? first - window + 1 : kbase;
-    const int kt0 = kbase + (lo - kbase) / BN * BN; /* tiles aligned to the gathered buffer */
+    const int kt0 = kbase + (lo - kbase) / BN * BN; /* key tiles aligned to kbase (the gathered buffer's start) */
     const int n_tiles = (last - kt0) / BN + 1;
     const int w_first = p0 + i0 + warp * WR, w_last = w_first + WR - 1;
     unsigned char *kv_smem = fp_smem + q_bytes;

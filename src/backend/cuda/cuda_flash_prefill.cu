@@ -78,15 +78,6 @@ template <> __device__ __forceinline__ uint32_t fp_pack<__half>(float lo, float 
     __half2 v = __floats2half2_rn(lo, hi);
     return *(uint32_t *)&v;
 }
-template <typename T> __device__ __forceinline__ float fp_lo(uint32_t v);
-template <typename T> __device__ __forceinline__ float fp_hi(uint32_t v);
-template <> __device__ __forceinline__ float fp_lo<__nv_bfloat16>(uint32_t v) { return __uint_as_float(v << 16); }
-template <> __device__ __forceinline__ float fp_hi<__nv_bfloat16>(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-template <> __device__ __forceinline__ float fp_lo<__half>(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xffff))); }
-template <> __device__ __forceinline__ float fp_hi<__half>(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
-template <typename T> __device__ __forceinline__ T fp_round(float v);
-template <> __device__ __forceinline__ __nv_bfloat16 fp_round<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half fp_round<__half>(float v) { return __float2half(v); }
 /* two 1.0s packed: the B operand that turns an mma into row sums */
 template <typename T> __device__ __forceinline__ uint32_t fp_ones();
 template <> __device__ __forceinline__ uint32_t fp_ones<__nv_bfloat16>() { return 0x3f803f80u; }

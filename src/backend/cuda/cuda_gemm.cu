@@ -212,16 +212,17 @@ done:
     return ok;
 }
 
-/* out[M,N] (+)= xr[M,K] . W^T + bias with xr already in W's 16-bit dtype:
- * cuBLASLt (autotuned), else cublasGemmEx's default. 0 when the GEMM failed
- * (said on stderr; no bias added). */
-static int gemm16(kn_backend *be, const void *xr, int M, const kn_weight *w, const float *bias, float *out,
+/* out[M,N] (+)= xw[M,K] . W^T + bias with xw already in W's dtype: 16-bit
+ * weights through cuBLASLt (autotuned), else (and f32 weights)
+ * cublasGemmEx's default. 0 when the GEMM failed (said on stderr; no bias
+ * added). */
+static int gemm_w(kn_backend *be, const void *xw, int M, const kn_weight *w, const float *bias, float *out,
                   int accumulate) {
     const int N = (int)w->rows, K = (int)w->cols;
-    if (!lt_matmul(be, xr, M, w, out, accumulate)) {
+    if (w->dtype == KN_DT_F32 || !lt_matmul(be, xw, M, w, out, accumulate)) {
         const float one = 1.0f, zero = 0.0f;
-        const cudaDataType t = w->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        const cublasStatus_t st = cublasGemmEx(blas(be), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xr, t,
+        const cudaDataType t = w->dtype == KN_DT_F32 ? CUDA_R_32F : w->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        const cublasStatus_t st = cublasGemmEx(blas(be), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xw, t,
                                                K, accumulate ? &one : &zero, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
                                                CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) {
@@ -238,30 +239,13 @@ static int gemm16(kn_backend *be, const void *xr, int M, const kn_weight *w, con
 
 int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                         int accumulate) {
-    cublasHandle_t h = blas(be);
-    if (!h) return 0;
-    cudaStream_t s = kn_cuda_stream(be);
-    const int N = (int)w->rows, K = (int)w->cols;
-    const float one = 1.0f, zero = 0.0f, *beta = accumulate ? &one : &zero;
-    if (w->dtype != KN_DT_F32) {
-        const int64_t n = (int64_t)M * K;
-        void *xr = kn_cuda_scratch(be, KN_CUDA_SCRATCH_GEMM_X, (size_t)n * 2);
-        if (!xr) return 0;
-        k_round_x<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(x, n, w->dtype, xr);
-        return gemm16(be, xr, M, w, bias, out, accumulate);
-    }
-    const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, CUDA_R_32F, K, x,
-                                           CUDA_R_32F, K, beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                           CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "kiln: cublasGemmEx failed (%d) for M=%d N=%d K=%d\n", (int)st, M, N, K);
-        return 0;
-    }
-    if (bias) {
-        const int64_t n = (int64_t)M * N;
-        k_add_bias<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(out, n, N, bias);
-    }
-    return 1;
+    if (!blas(be)) return 0;
+    if (w->dtype == KN_DT_F32) return gemm_w(be, x, M, w, bias, out, accumulate);
+    const int64_t n = (int64_t)M * w->cols;
+    void *xr = kn_cuda_scratch(be, KN_CUDA_SCRATCH_GEMM_X, (size_t)n * 2);
+    if (!xr) return 0;
+    k_round_x<<<(unsigned)((n + 255) / 256), 256, 0, kn_cuda_stream(be)>>>(x, n, w->dtype, xr);
+    return gemm_w(be, xr, M, w, bias, out, accumulate);
 }
 
 void kn_cuda_gemm_destroy(kn_backend *be) {
@@ -287,7 +271,7 @@ static float *gemm_norm(kn_backend *be, const float *x, int M, const float *norm
     const int thr = K >= 1024 ? 256 : 128;
     if (w->dtype == KN_DT_BF16) k_norm_round<__nv_bfloat16><<<M, thr, 0, s>>>(x, K, norm_w, eps, (__nv_bfloat16 *)xr);
     else k_norm_round<__half><<<M, thr, 0, s>>>(x, K, norm_w, eps, (__half *)xr);
-    gemm16(be, xr, M, w, bias, y, 0); /* a failure is said; the norm kernel is enqueued, so the op is done */
+    gemm_w(be, xr, M, w, bias, y, 0); /* a failure is said; the norm kernel is enqueued, so the op is done */
     return y;
 }
 
@@ -326,6 +310,6 @@ int kn_cuda_mlp_swiglu_add(kn_backend *be, const float *xn, int M, const float *
     const unsigned blocks = (unsigned)((n + 255) / 256);
     if (down->dtype == KN_DT_BF16) k_swiglu_rows<__nv_bfloat16><<<blocks, 256, 0, s>>>(y, n, I, (__nv_bfloat16 *)act);
     else k_swiglu_rows<__half><<<blocks, 256, 0, s>>>(y, n, I, (__half *)act);
-    gemm16(be, act, M, down, down_bias, x, 1); /* a failure is said; the op is done */
+    gemm_w(be, act, M, down, down_bias, x, 1); /* a failure is said; the op is done */
     return 1;
 }

@@ -325,8 +325,10 @@ struct kn_backend {
     int n_threads;
     int max_positions; /* longest sequence attention supports; 0 = unlimited */
     /* matmuls of at least this many rows may round x to the weight's 16-bit
-     * dtype before multiplying (tensor-core GEMM); 0 = x is always used in
-     * float32. Tests build their reference accordingly. */
+     * dtype before multiplying (tensor-core GEMM), and fused_matmul's SwiGLU
+     * epilogue may round gate and up (bias included) to it before silu(g) * u
+     * (a 16-bit GEMM output); 0 = x is always used in float32. Tests build
+     * their reference accordingly. */
     int matmul_x_rounding_min_rows;
     /* Quantized (MLX affine) matmuls: the largest error of an element of x
      * as used, relative to max |x| over its group (0 = x used in f32). The

@@ -5,7 +5,9 @@
  * backend-owned scratch buffer and the product runs on tensor cores with f32
  * accumulation and f32 output (what HF transformers does in bf16 too); the
  * backend advertises this through kn_backend.matmul_x_rounding_min_rows so
- * tests hold it to the right reference. F32 weights use plain f32 GEMM
+ * tests hold it to the right reference. The SwiGLU epilogue also rounds
+ * gate and up to that dtype (the gate/up GEMM writes 16-bit output, as in HF
+ * transformers' bf16 MLP). F32 weights use plain f32 GEMM
  * (no TF32), so fp32 parity is unchanged.
  * Row-major out^T = W . x^T is cuBLAS's column-major C[N,M] = op(A) op(B) with
  * A = W read transposed (lda K) and B = x (ldb K).
@@ -54,19 +56,69 @@ __global__ void k_norm_round(const float *x, int64_t K, const float *w, float ep
     }
 }
 
-/* out[r, j] = silu(g) * u of gu's row r = [g | u] (T: stored as T, the value
- * k_round_x would make of the f32 result) */
+/* SwiGLU over rows of gu = [g | u] (dim columns each): out[r, j] =
+ * silu(g) * u stored as Tout. Tin is the GEMM's output type; Tr the type g and
+ * u are rounded to first (float: none), so an f32 GEMM output with its bias
+ * added gives the numbers a 16-bit GEMM output would. V columns per thread
+ * (8 when dim % 8 == 0: 16- or 32-byte loads). */
+template <typename T> __device__ __forceinline__ float gemm_load(const T *p) { return (float)*p; }
+template <> __device__ __forceinline__ float gemm_load<__nv_bfloat16>(const __nv_bfloat16 *p) {
+    return __bfloat162float(*p);
+}
+template <> __device__ __forceinline__ float gemm_load<__half>(const __half *p) { return __half2float(*p); }
 template <typename T> __device__ __forceinline__ T gemm_store(float v);
 template <> __device__ __forceinline__ float gemm_store<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 gemm_store<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 template <> __device__ __forceinline__ __half gemm_store<__half>(float v) { return __float2half(v); }
-template <typename T>
-__global__ void k_swiglu_rows(const float *gu, int64_t n_total, int64_t dim, T *out) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_total) return;
-    const int64_t r = i / dim, j = i % dim;
-    const float g = gu[r * 2 * dim + j], u = gu[r * 2 * dim + dim + j];
-    out[i] = gemm_store<T>(g / (1.0f + expf(-g)) * u);
+/* v as type T holds it (T float: v) */
+template <typename T> __device__ __forceinline__ float gemm_round(float v) {
+    const T t = gemm_store<T>(v);
+    return gemm_load<T>(&t);
+}
+template <> __device__ __forceinline__ float gemm_round<float>(float v) { return v; }
+
+/* V consecutive elements of type T, moved as one aligned vector */
+template <typename T, int V> struct alignas(sizeof(T) * V) gemm_vec { T v[V]; };
+
+template <typename Tin, typename Tr, typename Tout, int V>
+__global__ void k_swiglu_rows(const Tin *gu, int rows, int64_t dim, Tout *out) {
+    const int64_t j = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (j >= dim) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const gemm_vec<Tin, V> g = *(const gemm_vec<Tin, V> *)(gu + (int64_t)r * 2 * dim + j);
+        const gemm_vec<Tin, V> u = *(const gemm_vec<Tin, V> *)(gu + (int64_t)r * 2 * dim + dim + j);
+        gemm_vec<Tout, V> o;
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            const float gv = gemm_round<Tr>(gemm_load<Tin>(&g.v[i])), uv = gemm_round<Tr>(gemm_load<Tin>(&u.v[i]));
+            o.v[i] = gemm_store<Tout>(gv / (1.0f + expf(-gv)) * uv);
+        }
+        *(gemm_vec<Tout, V> *)(out + (int64_t)r * dim + j) = o;
+    }
+}
+
+template <typename Tin, typename Tr, typename Tout>
+static void swiglu_rows(cudaStream_t s, const void *gu, int rows, int64_t dim, void *out) {
+    const int v = dim % 8 ? 1 : 8;
+    const dim3 grid((unsigned)((dim / v + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
+    if (v == 8) k_swiglu_rows<Tin, Tr, Tout, 8><<<grid, 256, 0, s>>>((const Tin *)gu, rows, dim, (Tout *)out);
+    else k_swiglu_rows<Tin, Tr, Tout, 1><<<grid, 256, 0, s>>>((const Tin *)gu, rows, dim, (Tout *)out);
+}
+
+/* The SwiGLU epilogue of a GEMM-shaped gate/up projection in dtype wdt:
+ * gu is wdt when gu_rounded (the GEMM wrote 16-bit output), else f32 to be
+ * rounded to wdt here; out is f32 (act_f32) or wdt. */
+static void swiglu_epilogue(cudaStream_t s, int wdt, const void *gu, int gu_rounded, int rows, int64_t dim, void *out,
+                            int act_f32) {
+    if (wdt == KN_DT_BF16) {
+        typedef __nv_bfloat16 B;
+        if (gu_rounded) act_f32 ? swiglu_rows<B, B, float>(s, gu, rows, dim, out) : swiglu_rows<B, B, B>(s, gu, rows, dim, out);
+        else act_f32 ? swiglu_rows<float, B, float>(s, gu, rows, dim, out) : swiglu_rows<float, B, B>(s, gu, rows, dim, out);
+    } else {
+        typedef __half F;
+        if (gu_rounded) act_f32 ? swiglu_rows<F, F, float>(s, gu, rows, dim, out) : swiglu_rows<F, F, F>(s, gu, rows, dim, out);
+        else act_f32 ? swiglu_rows<float, F, float>(s, gu, rows, dim, out) : swiglu_rows<float, F, F>(s, gu, rows, dim, out);
+    }
 }
 
 __global__ void k_add_bias(float *out, int64_t n, int64_t N, const float *bias) {
@@ -104,7 +156,7 @@ void *kn_cuda_blas(kn_backend *be) { return (void *)blas(be); }
 #define LT_CACHE 96
 #define LT_CANDIDATES 16
 typedef struct {
-    int M, N, K, dt, acc;
+    int M, N, K, dt, out16, acc;
     cublasLtMatmulAlgo_t algo;
 } lt_algo;
 struct kn_cuda_lt {
@@ -136,8 +188,9 @@ static void kn_cuda_lt_destroy(kn_backend *be) {
     c->lt = NULL;
 }
 
-/* out[M,N] (+)= xr[M,K] . W^T with xr already in W's 16-bit dtype. 0: not done. */
-static int lt_matmul(kn_backend *be, const void *xr, int M, const kn_weight *w, float *out, int accumulate) {
+/* out[M,N] (+)= xr[M,K] . W^T with xr already in W's 16-bit dtype; out is
+ * f32, or W's dtype when out16. 0: not done. */
+static int lt_matmul(kn_backend *be, const void *xr, int M, const kn_weight *w, void *out, int out16, int accumulate) {
     kn_cuda_backend *c = (kn_cuda_backend *)be;
     kn_cuda_lt *l = lt_state(be);
     if (!l) return 0;
@@ -152,12 +205,13 @@ static int lt_matmul(kn_backend *be, const void *xr, int M, const kn_weight *w, 
     if (cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT) ||
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN) ||
         cublasLtMatrixLayoutCreate(&la, t, K, N, K) || cublasLtMatrixLayoutCreate(&lb, t, K, M, K) ||
-        cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N))
+        cublasLtMatrixLayoutCreate(&lc, out16 ? t : CUDA_R_32F, N, M, N))
         goto done;
     {
         int i = 0;
         for (; i < l->n; i++)
-            if (l->e[i].M == M && l->e[i].N == N && l->e[i].K == K && l->e[i].dt == dt && l->e[i].acc == accumulate)
+            if (l->e[i].M == M && l->e[i].N == N && l->e[i].K == K && l->e[i].dt == dt && l->e[i].out16 == out16 &&
+                l->e[i].acc == accumulate)
                 break;
         if (i == l->n) { /* first sight: time the candidates */
             if (c->capturing) goto done;
@@ -173,7 +227,7 @@ static int lt_matmul(kn_backend *be, const void *xr, int M, const kn_weight *w, 
             }
             cublasLtMatmulPreferenceDestroy(pref);
             /* timing writes D into scratch (C = out is only read), so out is untouched */
-            float *d = (float *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTN_GEMM, (size_t)M * N * sizeof(float));
+            void *d = kn_cuda_scratch(be, KN_CUDA_SCRATCH_ATTN_GEMM, (size_t)M * N * (out16 ? 2 : 4));
             int best = 0;
             if (d && nres > 1) {
                 cudaEvent_t e0, e1;
@@ -199,7 +253,7 @@ static int lt_matmul(kn_backend *be, const void *xr, int M, const kn_weight *w, 
             if (l->n < LT_CACHE) i = l->n++;
             else i = l->next, l->next = (l->next + 1) % LT_CACHE;
             lt_algo *e = &l->e[i];
-            e->M = M, e->N = N, e->K = K, e->dt = dt, e->acc = accumulate, e->algo = res[best].algo;
+            e->M = M, e->N = N, e->K = K, e->dt = dt, e->out16 = out16, e->acc = accumulate, e->algo = res[best].algo;
         }
         ok = cublasLtMatmul(l->h, op, &one, w->data, la, xr, lb, beta, out, lc, out, lc, &l->e[i].algo,
                             c->blas_workspace, GEMM_WORKSPACE_BYTES, c->stream) == CUBLAS_STATUS_SUCCESS;
@@ -214,16 +268,17 @@ done:
 
 /* out[M,N] (+)= xw[M,K] . W^T + bias with xw already in W's dtype: 16-bit
  * weights through cuBLASLt (autotuned), else (and f32 weights)
- * cublasGemmEx's default. 0 when the GEMM failed (said on stderr; no bias
- * added). */
-static int gemm_w(kn_backend *be, const void *xw, int M, const kn_weight *w, const float *bias, float *out,
+ * cublasGemmEx's default. out is f32, or (out16, 16-bit W, no bias) W's
+ * dtype. 0 when the GEMM failed (said on stderr; no bias added). */
+static int gemm_w(kn_backend *be, const void *xw, int M, const kn_weight *w, const float *bias, void *out, int out16,
                   int accumulate) {
     const int N = (int)w->rows, K = (int)w->cols;
-    if (w->dtype == KN_DT_F32 || !lt_matmul(be, xw, M, w, out, accumulate)) {
+    if (w->dtype == KN_DT_F32 || !lt_matmul(be, xw, M, w, out, out16, accumulate)) {
         const float one = 1.0f, zero = 0.0f;
         const cudaDataType t = w->dtype == KN_DT_F32 ? CUDA_R_32F : w->dtype == KN_DT_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         const cublasStatus_t st = cublasGemmEx(blas(be), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w->data, t, K, xw, t,
-                                               K, accumulate ? &one : &zero, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                               K, accumulate ? &one : &zero, out, out16 ? t : CUDA_R_32F, N,
+                                               CUBLAS_COMPUTE_32F,
                                                CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) {
             fprintf(stderr, "kiln: cublasGemmEx failed (%d) for M=%d N=%d K=%d\n", (int)st, M, N, K);
@@ -232,7 +287,7 @@ static int gemm_w(kn_backend *be, const void *xw, int M, const kn_weight *w, con
     }
     if (bias) {
         const int64_t n = (int64_t)M * N;
-        k_add_bias<<<(unsigned)((n + 255) / 256), 256, 0, kn_cuda_stream(be)>>>(out, n, N, bias);
+        k_add_bias<<<(unsigned)((n + 255) / 256), 256, 0, kn_cuda_stream(be)>>>((float *)out, n, N, bias);
     }
     return 1;
 }
@@ -240,12 +295,12 @@ static int gemm_w(kn_backend *be, const void *xw, int M, const kn_weight *w, con
 int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                         int accumulate) {
     if (!blas(be)) return 0;
-    if (w->dtype == KN_DT_F32) return gemm_w(be, x, M, w, bias, out, accumulate);
+    if (w->dtype == KN_DT_F32) return gemm_w(be, x, M, w, bias, out, 0, accumulate);
     const int64_t n = (int64_t)M * w->cols;
     void *xr = kn_cuda_scratch(be, KN_CUDA_SCRATCH_GEMM_X, (size_t)n * 2);
     if (!xr) return 0;
     k_round_x<<<(unsigned)((n + 255) / 256), 256, 0, kn_cuda_stream(be)>>>(x, n, w->dtype, xr);
-    return gemm_w(be, xr, M, w, bias, out, accumulate);
+    return gemm_w(be, xr, M, w, bias, out, 0, accumulate);
 }
 
 void kn_cuda_gemm_destroy(kn_backend *be) {
@@ -257,36 +312,40 @@ void kn_cuda_gemm_destroy(kn_backend *be) {
 }
 
 /* y[M, N] = round(rms_norm(x) * norm_w) . W^T + bias for a 16-bit W, y in
- * scratch slot ys_slot (or out when ys_slot < 0); NULL when nothing was done
- * (no cuBLAS, no scratch) and a non-NULL y once the work is enqueued, even
- * when the GEMM failed (loudly). */
-static float *gemm_norm(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
-                        const float *bias, int ys_slot, float *out) {
+ * scratch slot ys_slot (or out when ys_slot < 0), in W's dtype when *out16
+ * (cleared when a bias needs the f32 output), else f32; NULL when nothing was
+ * done (no cuBLAS, no scratch) and a non-NULL y once the work is enqueued,
+ * even when the GEMM failed (loudly). */
+static void *gemm_norm(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
+                       const float *bias, int ys_slot, float *out, int *out16) {
     if (!blas(be)) return NULL;
     cudaStream_t s = kn_cuda_stream(be);
     const int N = (int)w->rows, K = (int)w->cols;
+    if (bias) *out16 = 0;
     void *xr = kn_cuda_scratch(be, KN_CUDA_SCRATCH_GEMM_X, (size_t)M * K * 2);
-    float *y = ys_slot >= 0 ? (float *)kn_cuda_scratch(be, ys_slot, (size_t)M * N * 4) : out;
+    void *y = ys_slot >= 0 ? kn_cuda_scratch(be, ys_slot, (size_t)M * N * (*out16 ? 2 : 4)) : out;
     if (!xr || !y) return NULL;
     const int thr = K >= 1024 ? 256 : 128;
     if (w->dtype == KN_DT_BF16) k_norm_round<__nv_bfloat16><<<M, thr, 0, s>>>(x, K, norm_w, eps, (__nv_bfloat16 *)xr);
     else k_norm_round<__half><<<M, thr, 0, s>>>(x, K, norm_w, eps, (__half *)xr);
-    gemm_w(be, xr, M, w, bias, y, 0); /* a failure is said; the norm kernel is enqueued, so the op is done */
+    gemm_w(be, xr, M, w, bias, y, *out16, 0); /* a failure is said; the norm kernel is enqueued, so the op is done */
     return y;
 }
 
 static int gemm_16bit(const kn_weight *w) { return !w->bits && (w->dtype == KN_DT_BF16 || w->dtype == KN_DT_F16); }
 
+/* The SwiGLU epilogue (backend.h matmul_x_rounding_min_rows) rounds gate and
+ * up to the weight dtype, as a 16-bit GEMM output would be (and as HF
+ * transformers computes in bf16): the gate/up GEMM writes 16-bit output,
+ * half the traffic of f32 both ways. */
 int kn_cuda_gemm_fused(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                        const float *bias, float *out, int epi) {
     if (!gemm_16bit(w) || (epi == KN_EPI_SWIGLU && w->rows % 2)) return 0;
     const int swiglu = epi == KN_EPI_SWIGLU;
-    float *y = gemm_norm(be, x, M, norm_w, eps, w, bias, swiglu ? KN_CUDA_SCRATCH_GEMM_OUT : -1, out);
+    int out16 = swiglu;
+    void *y = gemm_norm(be, x, M, norm_w, eps, w, bias, swiglu ? KN_CUDA_SCRATCH_GEMM_OUT : -1, out, &out16);
     if (!y) return 0;
-    if (swiglu) {
-        const int64_t n = (int64_t)M * (w->rows / 2);
-        k_swiglu_rows<float><<<(unsigned)((n + 255) / 256), 256, 0, kn_cuda_stream(be)>>>(y, n, w->rows / 2, out);
-    }
+    if (swiglu) swiglu_epilogue(kn_cuda_stream(be), w->dtype, y, out16, M, w->rows / 2, out, 1);
     return 1;
 }
 
@@ -301,15 +360,13 @@ int kn_cuda_mlp_swiglu_add(kn_backend *be, const float *xn, int M, const float *
     if (M <= KN_CUDA_GEMV_MAX_M || !gemm_16bit(gu) || !gemm_16bit(down) || gu->dtype != down->dtype ||
         gu->rows % 2 || down->cols != I)
         return 0;
-    cudaStream_t s = kn_cuda_stream(be);
     const int64_t n = (int64_t)M * I;
     void *act = kn_cuda_scratch(be, KN_CUDA_SCRATCH_MLP_ACT, (size_t)n * 2);
     if (!act || !blas(be)) return 0;
-    float *y = gemm_norm(be, xn, M, norm_w, eps, gu, gu_bias, KN_CUDA_SCRATCH_GEMM_OUT, NULL);
+    int out16 = 1;
+    void *y = gemm_norm(be, xn, M, norm_w, eps, gu, gu_bias, KN_CUDA_SCRATCH_GEMM_OUT, NULL, &out16);
     if (!y) return 0;
-    const unsigned blocks = (unsigned)((n + 255) / 256);
-    if (down->dtype == KN_DT_BF16) k_swiglu_rows<__nv_bfloat16><<<blocks, 256, 0, s>>>(y, n, I, (__nv_bfloat16 *)act);
-    else k_swiglu_rows<__half><<<blocks, 256, 0, s>>>(y, n, I, (__half *)act);
-    gemm_w(be, act, M, down, down_bias, x, 1); /* a failure is said; the op is done */
+    swiglu_epilogue(kn_cuda_stream(be), gu->dtype, y, out16, M, I, act, 0);
+    gemm_w(be, act, M, down, down_bias, x, 0, 1); /* a failure is said; the op is done */
     return 1;
 }

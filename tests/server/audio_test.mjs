@@ -22,9 +22,11 @@ export async function audioTests({ test, oa, raw, expectStatus, OpenAI, A, W, FI
   const eot = ref.special_ids['<|endoftext|>'];
   // the oracle cases decode at most max_new_tokens without the fallback ladder
   const greedy = { model: 'whisper', temperature_increment_on_fallback: 0, max_new_tokens: 24 };
+  // the CLI runs on the servers' backend (run_client_tests.sh KILN_SERVE_ARGS, e.g. --backend cuda)
+  const backendArgs = (process.env.KILN_SERVE_ARGS || '').split(/\s+/).filter(Boolean);
   const cli = (...args) => {
     const r = spawnSync(BIN, ['transcribe', jfk, '--model', path.join(FIX, 'whisper'), '--no-fallback',
-      '--max-new-tokens', '24', ...args], { encoding: 'utf8' });
+      '--max-new-tokens', '24', ...backendArgs, ...args], { encoding: 'utf8' });
     assert.equal(r.status, 0, `kiln transcribe ${args.join(' ')}: ${r.stderr}`);
     return r.stdout;
   };

@@ -14,6 +14,8 @@
 #      body limit (the 413 path with a real upload)
 # runs the client tests, then stops every server with SIGTERM and requires a
 # clean exit (graceful shutdown). Exit status: 0 only if everything passed.
+# KILN_SERVE_ARGS: extra arguments for every server, e.g. "--backend cuda"
+# (on the GPU machine: tools/device/client_tests.sh).
 set -u
 BIN=$1
 ROOT=$2
@@ -39,7 +41,8 @@ trap cleanup EXIT
 start() {
   local name=$1 model=$2
   shift 2
-  "$BIN" serve "$model" --port 0 "$@" 2>"$WORK/$name.log" &
+  # shellcheck disable=SC2086 # KILN_SERVE_ARGS is a word list
+  "$BIN" serve "$model" --port 0 "$@" ${KILN_SERVE_ARGS:-} 2>"$WORK/$name.log" &
   local pid=$!
   PIDS+=("$pid")
   echo "$pid" >"$WORK/$name.pid"
@@ -67,7 +70,7 @@ fi
 
 start W "$ROOT/tests/fixtures/whisper" --api-key audio-key --max-body 600000
 
-KILN_URL_A=$URL_A KILN_URL_B=$URL_B KILN_URL_C=$URL_C KILN_URL_W=$URL_W KILN_BIN="$BIN" \
+KILN_URL_A=$URL_A KILN_URL_B=$URL_B KILN_URL_C=$URL_C KILN_URL_W=$URL_W KILN_BIN="$BIN" KILN_SERVE_ARGS="${KILN_SERVE_ARGS:-}" \
   KILN_FIXTURES="$ROOT/tests/fixtures" NODE_PATH="$NPM/node_modules" \
   node "$ROOT/tests/server/client_test.mjs" "$NPM/node_modules"
 status=$?

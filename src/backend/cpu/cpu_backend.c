@@ -18,6 +18,7 @@
 #include "backend/cpu/cpu_ops_whisper.h"
 #include "backend/cpu/cpu_ops_models.h"
 #include "backend/cpu/cpu_quant.h"
+#include "backend/cpu/cpu_stream.h"
 
 typedef struct {
     kn_backend base;
@@ -133,37 +134,33 @@ static void cpu_matmul_f32(cpu_backend *c, const float *x, int M, const kn_weigh
 
 /* Up to 16 rows (a continuous-batching decode step) go through the GEMV
  * kernels: each weight row is streamed once for all x rows, and a row's
- * result does not depend on how many rows share the call, so a batched
- * decode gives bit-identical logits to a solo one. Measured on the 2-core
- * dev machine, 0.44B bf16 synthetic, 8 sequences: ~100 tok/s through GEMV
- * vs ~5.5 tok/s through the packed GEMM. Chunks of rows are handed out
- * dynamically: each chunk is one sequential stream, and a thread that gets
- * less bandwidth simply takes fewer chunks instead of leaving the other
- * waiting at the barrier. x in f32, or xb: x rounded to bf16 (gemv_bf16). */
+ * result does not depend on how many rows share the call or which thread
+ * computes it, so a batched decode gives bit-identical logits to a solo one.
+ * Measured on the 2-core dev machine, 0.44B bf16 synthetic, 8 sequences:
+ * ~100 tok/s through GEMV vs ~5.5 tok/s through the packed GEMM. Rows are
+ * split over the threads by kn_cpu_stream_rows (one stream per thread; even
+ * row counts, i.e. row pairs for several x rows). x in f32, or xb: x rounded
+ * to bf16 (gemv_bf16). */
+typedef struct {
+    cpu_backend *c;
+    const float *x;
+    const uint16_t *xb;
+    int M;
+    const kn_weight *w;
+    const float *bias;
+    float *out;
+} gemv_job;
+
+static void gemv_rows(void *ctx, int64_t n0, int64_t n1) {
+    const gemv_job *j = ctx;
+    if (j->xb) j->c->k->gemv_bf16(j->xb, j->M, j->w, j->bias, j->out, n0, n1);
+    else j->c->k->gemv(j->x, j->M, j->w, j->bias, j->out, n0, n1);
+}
+
 static void gemv_chunks(cpu_backend *c, const float *x, const uint16_t *xb, int M, const kn_weight *w,
                         const float *bias, float *out) {
-    /* Chunks of up to 1 MB of weights, each a long linear stream (the
-     * hardware prefetcher needs a run to ramp up: 64 KB chunks throughout
-     * were slower than 256 rows, 1 MB faster, on the 2-core VM), at least 4
-     * per thread; the last quarter of the rows goes in 64 KB chunks, so that
-     * a thread finishing early waits at most one short chunk for the other.
-     * Even numbers of rows (row pairs for several x rows). */
-    const int64_t N = w->rows, row_bytes = w->cols * (int64_t)kn_dtype_size(w->dtype);
-    const int64_t total = row_bytes * N, per = (int64_t)4 * c->base.n_threads;
-    const int64_t big_bytes = total / per < (64 << 10) ? (64 << 10) : total / per > (1 << 20) ? (1 << 20) : total / per;
-    int64_t big = row_bytes > 0 ? big_bytes / row_bytes : 256, small = row_bytes > 0 ? (64 << 10) / row_bytes : 16;
-    big = big < 16 ? 16 : big & ~(int64_t)1;
-    small = small < 16 ? 16 : small > big ? big : small & ~(int64_t)1;
-    const int64_t tail = N / 4 / small * small, head = N - tail;
-    const int64_t n_big = (head + big - 1) / big, n_chunks = n_big + (tail + small - 1) / small;
-#pragma omp parallel for num_threads(c->base.n_threads) schedule(dynamic, 1)
-    for (int64_t ch = 0; ch < n_chunks; ch++) {
-        int64_t n0, n1;
-        if (ch < n_big) n0 = ch * big, n1 = n0 + big < head ? n0 + big : head;
-        else n0 = head + (ch - n_big) * small, n1 = n0 + small < N ? n0 + small : N;
-        if (xb) c->k->gemv_bf16(xb, M, w, bias, out, n0, n1);
-        else c->k->gemv(x, M, w, bias, out, n0, n1);
-    }
+    gemv_job job = {c, x, xb, M, w, bias, out};
+    kn_cpu_stream_rows(c->base.n_threads, w->rows, kn_weight_bytes(w) / w->rows, gemv_rows, &job);
 }
 
 /* c->xround with room for n floats (grown on demand), NULL without memory */

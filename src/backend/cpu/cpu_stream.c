@@ -1,0 +1,51 @@
+/* cpu_stream.c — per-thread row ranges with stealing from the back (cpu_stream.h). */
+#include "backend/cpu/cpu_stream.h"
+
+#include <omp.h>
+#include <stdatomic.h>
+
+#define STREAM_MAX_RANGES 256
+
+/* a range of chunks [front, back) in one word, one cache line per range so
+ * the threads' claims do not contend */
+typedef struct {
+    _Alignas(64) _Atomic uint64_t fb; /* front | back << 32 */
+} stream_range;
+
+/* a chunk of r from its front (the owner) or back (a thief); -1 when empty */
+static int64_t claim(stream_range *r, int from_back) {
+    uint64_t v = atomic_load_explicit(&r->fb, memory_order_relaxed);
+    for (;;) {
+        const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+        if (f >= b) return -1;
+        const uint64_t nv = from_back ? (uint64_t)f | (uint64_t)(b - 1) << 32 : (uint64_t)(f + 1) | (uint64_t)b << 32;
+        if (atomic_compare_exchange_weak_explicit(&r->fb, &v, nv, memory_order_relaxed, memory_order_relaxed))
+            return from_back ? (int64_t)b - 1 : (int64_t)f;
+    }
+}
+
+void kn_cpu_stream_rows(int n_threads, int64_t n_rows, int64_t row_bytes, kn_stream_fn fn, void *ctx) {
+    if (n_rows <= 0) return;
+    int64_t rows = row_bytes > 0 ? KN_STREAM_CHUNK_BYTES / row_bytes : n_rows;
+    rows = rows < 2 ? 2 : rows & ~(int64_t)1;
+    const int64_t n_chunks = (n_rows + rows - 1) / rows;
+    int nt = n_threads < STREAM_MAX_RANGES ? n_threads : STREAM_MAX_RANGES;
+    if (nt > n_chunks) nt = (int)n_chunks;
+    if (nt < 1) nt = 1;
+    stream_range range[STREAM_MAX_RANGES];
+    for (int t = 0; t < nt; t++)
+        atomic_init(&range[t].fb, (uint64_t)(n_chunks * t / nt) | (uint64_t)(n_chunks * (t + 1) / nt) << 32);
+#pragma omp parallel num_threads(nt)
+    {
+        /* a smaller team than asked for still covers every range by stealing */
+        const int me = omp_get_thread_num() % nt;
+        for (int k = 0; k < nt; k++) { /* own range first, then the others' backs */
+            stream_range *r = &range[(me + k) % nt];
+            int64_t ch;
+            while ((ch = claim(r, k > 0)) >= 0) {
+                const int64_t n0 = ch * rows, n1 = n0 + rows < n_rows ? n0 + rows : n_rows;
+                fn(ctx, n0, n1);
+            }
+        }
+    }
+}

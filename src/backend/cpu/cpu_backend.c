@@ -160,7 +160,7 @@ static void gemv_rows(void *ctx, int64_t n0, int64_t n1) {
 static void gemv_chunks(cpu_backend *c, const float *x, const uint16_t *xb, int M, const kn_weight *w,
                         const float *bias, float *out) {
     gemv_job job = {c, x, xb, M, w, bias, out};
-    kn_cpu_stream_rows(c->base.n_threads, w->rows, kn_weight_bytes(w) / w->rows, gemv_rows, &job);
+    kn_cpu_stream_rows(c->base.n_threads, w->rows, w->rows ? kn_weight_bytes(w) / w->rows : 0, gemv_rows, &job);
 }
 
 /* c->xround with room for n floats (grown on demand), NULL without memory */

@@ -144,7 +144,7 @@ static int qgemv_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, siz
      * with stealing 162-171 against 146-155 for one run per thread, in
      * alternating runs (8-bit: 114-122 against 102-104) */
     qgemv_job job = {k, xp, M, w, bias, out};
-    kn_cpu_stream_rows(be->n_threads, N, kn_weight_bytes(w) / N, qgemv_rows, &job);
+    kn_cpu_stream_rows(be->n_threads, N, N ? kn_weight_bytes(w) / N : 0, qgemv_rows, &job);
     return 1;
 }
 

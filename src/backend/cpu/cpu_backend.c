@@ -138,29 +138,13 @@ static void cpu_matmul_f32(cpu_backend *c, const float *x, int M, const kn_weigh
  * computes it, so a batched decode gives bit-identical logits to a solo one.
  * Measured on the 2-core dev machine, 0.44B bf16 synthetic, 8 sequences:
  * ~100 tok/s through GEMV vs ~5.5 tok/s through the packed GEMM. Rows are
- * split over the threads by kn_cpu_stream_rows (one stream per thread; even
+ * split over the threads by kn_cpu_gemv_stream (one stream per thread; even
  * row counts, i.e. row pairs for several x rows). x in f32, or xb: x rounded
  * to bf16 (gemv_bf16). */
-typedef struct {
-    cpu_backend *c;
-    const float *x;
-    const uint16_t *xb;
-    int M;
-    const kn_weight *w;
-    const float *bias;
-    float *out;
-} gemv_job;
-
-static void gemv_rows(void *ctx, int64_t n0, int64_t n1) {
-    const gemv_job *j = ctx;
-    if (j->xb) j->c->k->gemv_bf16(j->xb, j->M, j->w, j->bias, j->out, n0, n1);
-    else j->c->k->gemv(j->x, j->M, j->w, j->bias, j->out, n0, n1);
-}
-
 static void gemv_chunks(cpu_backend *c, const float *x, const uint16_t *xb, int M, const kn_weight *w,
                         const float *bias, float *out) {
-    gemv_job job = {c, x, xb, M, w, bias, out};
-    kn_cpu_stream_rows(c->base.n_threads, w->rows, w->rows ? kn_weight_bytes(w) / w->rows : 0, gemv_rows, &job);
+    const kn_gemv_job job = {.k = c->k, .x = x, .xb = xb, .M = M, .w = w, .bias = bias, .out = out};
+    kn_cpu_gemv_stream(c->base.n_threads, &job);
 }
 
 /* c->xround with room for n floats (grown on demand), NULL without memory */

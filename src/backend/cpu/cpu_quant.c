@@ -110,24 +110,10 @@ static void qgemm(const kn_cpu_kernels *k, const float *x, int M, const kn_weigh
 #define QGEMV_SPLIT 2
 #endif
 
-typedef struct {
-    const kn_cpu_kernels *k;
-    const void *xp;
-    int M;
-    const kn_weight *w;
-    const float *bias;
-    float *out;
-} qgemv_job;
-
-static void qgemv_rows(void *ctx, int64_t n0, int64_t n1) {
-    const qgemv_job *j = ctx;
-    j->k->qgemv(j->xp, j->M, j->w, j->bias, j->out, n0, n1);
-}
-
 /* The kernel set's packed-code GEMV (AVX-512); 0 when it does not apply. */
 static int qgemv_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, size_t *prep_floats, const float *x,
                       int M, const kn_weight *w, const float *bias, float *out) {
-    const int64_t K = w->cols, N = w->rows, G = K / w->group_size;
+    const int64_t K = w->cols, G = K / w->group_size;
     if (!k->qgemv || M > 16 || (w->bits != 4 && w->bits != 8) || K % 32 != 0) return 0;
     const size_t need = kn_qgemv_prep_floats(M, K, G);
     if (need > *prep_floats) {
@@ -143,8 +129,8 @@ static int qgemv_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, siz
      * 128-row chunks handed out in turn ~110, 16-row ones ~100; the ranges
      * with stealing 162-171 against 146-155 for one run per thread, in
      * alternating runs (8-bit: 114-122 against 102-104) */
-    qgemv_job job = {k, xp, M, w, bias, out};
-    kn_cpu_stream_rows(be->n_threads, N, N ? kn_weight_bytes(w) / N : 0, qgemv_rows, &job);
+    const kn_gemv_job job = {.k = k, .prep = xp, .M = M, .w = w, .bias = bias, .out = out};
+    kn_cpu_gemv_stream(be->n_threads, &job);
     return 1;
 }
 

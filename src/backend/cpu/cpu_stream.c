@@ -1,4 +1,5 @@
-/* cpu_stream.c — per-thread row ranges with stealing from the back (cpu_stream.h). */
+/* cpu_stream.c — per-thread row ranges with stealing from the back, and the
+ * decode GEMV split over them (cpu_stream.h). */
 #include "backend/cpu/cpu_stream.h"
 
 #include <omp.h>
@@ -48,4 +49,16 @@ void kn_cpu_stream_rows(int n_threads, int64_t n_rows, int64_t row_bytes, kn_str
             }
         }
     }
+}
+
+static void gemv_rows(void *ctx, int64_t n0, int64_t n1) {
+    const kn_gemv_job *j = ctx;
+    if (j->prep) j->k->qgemv(j->prep, j->M, j->w, j->bias, j->out, n0, n1);
+    else if (j->xb) j->k->gemv_bf16(j->xb, j->M, j->w, j->bias, j->out, n0, n1);
+    else j->k->gemv(j->x, j->M, j->w, j->bias, j->out, n0, n1);
+}
+
+void kn_cpu_gemv_stream(int n_threads, const kn_gemv_job *job) {
+    const int64_t n = job->w->rows;
+    kn_cpu_stream_rows(n_threads, n, n ? kn_weight_bytes(job->w) / n : 0, gemv_rows, (void *)job);
 }

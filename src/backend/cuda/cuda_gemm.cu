@@ -19,6 +19,7 @@
  * recorded graphs reuse it. KILN_NO_LT=1 uses cublasGemmEx's default choice. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -60,7 +61,7 @@ __global__ void k_norm_round(const float *x, int64_t K, const float *w, float ep
  * silu(g) * u stored as Tout. Tin is the GEMM's output type; Tr the type g and
  * u are rounded to first (float: none), so an f32 GEMM output with its bias
  * added gives the numbers a 16-bit GEMM output would. V columns per thread
- * (8 when dim % 8 == 0: 16- or 32-byte loads). */
+ * (8 when dim % 8 == 0 and the buffers are aligned: 16- or 32-byte loads). */
 template <typename T> __device__ __forceinline__ float gemm_load(const T *p) { return (float)*p; }
 template <> __device__ __forceinline__ float gemm_load<__nv_bfloat16>(const __nv_bfloat16 *p) {
     return __bfloat162float(*p);
@@ -99,7 +100,10 @@ __global__ void k_swiglu_rows(const Tin *gu, int rows, int64_t dim, Tout *out) {
 
 template <typename Tin, typename Tr, typename Tout>
 static void swiglu_rows(cudaStream_t s, const void *gu, int rows, int64_t dim, void *out) {
-    const int v = dim % 8 ? 1 : 8;
+    /* 8 columns per thread where every row start is a whole vector (dim % 8)
+     * and both buffers are aligned to one; else one column per thread */
+    const int v = dim % 8 == 0 && (uintptr_t)gu % (8 * sizeof(Tin)) == 0 && (uintptr_t)out % (8 * sizeof(Tout)) == 0
+                      ? 8 : 1;
     const dim3 grid((unsigned)((dim / v + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
     if (v == 8) k_swiglu_rows<Tin, Tr, Tout, 8><<<grid, 256, 0, s>>>((const Tin *)gu, rows, dim, (Tout *)out);
     else k_swiglu_rows<Tin, Tr, Tout, 1><<<grid, 256, 0, s>>>((const Tin *)gu, rows, dim, (Tout *)out);

@@ -536,8 +536,9 @@ done:
 }
 
 /* rope_kv_write (optional op) against rope followed by kv_write on the same
- * backend: the rotated q/k and the cache rows must be identical. */
-static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_dim, int fmt) {
+ * backend (with_norm: per-head q / k RMSNorm first, against rms_norm): the
+ * rotated q/k and the cache rows must be identical. */
+static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_dim, int fmt, int with_norm) {
     if (!be->vt->rope_kv_write) return;
     const int64_t stride = (int64_t)(nq + 2 * nkv) * hd + 3, nslots = 2 * (int64_t)n_tokens + 16;
     const size_t xb = (size_t)(n_tokens * stride) * 4, esz = fmt == KN_KVF_BF16 ? 2 : 4;
@@ -551,6 +552,14 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
     float *dfreq = dev(inv_freq, sizeof inv_freq);
     int32_t *dpos = dev(pos, sizeof pos), *dslots = dev(slots, sizeof slots);
     kn_rope_table rt = {.rot_dim = rot_dim, .attn_scale = 1.0f, .inv_freq = dfreq};
+    float *qn = NULL, *kn = NULL;
+    if (with_norm) {
+        float *w = malloc((size_t)hd * 4);
+        fill(w, hd, 1.0f), qn = dev(w, (size_t)hd * 4);
+        fill(w, hd, 1.0f), kn = dev(w, (size_t)hd * 4);
+        free(w);
+    }
+    const float eps = 1e-6f;
     for (int fused = 0; fused < 2; fused++) {
         float *dx = dev(x, xb);
         uint8_t *zero = calloc(1, cb);
@@ -559,8 +568,14 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
         free(zero);
         const float *dv = dx + (int64_t)(nq + nkv) * hd;
         int done = 1;
-        if (fused) done = be->vt->rope_kv_write(be, dx, dv, stride, n_tokens, nq, nkv, hd, dpos, &rt, &kv, dslots);
+        if (fused)
+            done = be->vt->rope_kv_write(be, dx, dv, stride, n_tokens, nq, nkv, hd, dpos, &rt, &kv, dslots, qn, kn, eps);
         else {
+            if (with_norm) {
+                be->vt->rms_norm(be, dx, stride, dx, stride, n_tokens, nq, hd, qn, eps);
+                be->vt->rms_norm(be, dx + (int64_t)nq * hd, stride, dx + (int64_t)nq * hd, stride, n_tokens, nkv, hd, kn,
+                                 eps);
+            }
             be->vt->rope(be, dx, stride, n_tokens, nq + nkv, hd, dpos, &rt);
             be->vt->kv_write(be, &kv, dx + (int64_t)nq * hd, dv, stride, n_tokens, dslots);
         }
@@ -573,10 +588,12 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
             break;
         }
     }
-    CHECK(!memcmp(xa, xf, xb), "rope_kv_write tokens=%d q=%d kv=%d hd=%d rot=%d: q/k differ from rope", n_tokens, nq,
-          nkv, hd, rot_dim);
-    CHECK(!memcmp(ca, cf, 2 * cb), "rope_kv_write tokens=%d q=%d kv=%d hd=%d rot=%d fmt=%d: cache differs from kv_write",
-          n_tokens, nq, nkv, hd, rot_dim, fmt);
+    CHECK(!memcmp(xa, xf, xb), "rope_kv_write tokens=%d q=%d kv=%d hd=%d rot=%d norm=%d: q/k differ from rope",
+          n_tokens, nq, nkv, hd, rot_dim, with_norm);
+    CHECK(!memcmp(ca, cf, 2 * cb),
+          "rope_kv_write tokens=%d q=%d kv=%d hd=%d rot=%d fmt=%d norm=%d: cache differs from kv_write", n_tokens, nq,
+          nkv, hd, rot_dim, fmt, with_norm);
+    if (with_norm) kn_be_free(be, qn), kn_be_free(be, kn);
     kn_be_free(be, dfreq), kn_be_free(be, dpos), kn_be_free(be, dslots);
     free(x), free(xa), free(xf), free(ca), free(cf);
 }
@@ -1213,10 +1230,10 @@ int main(void) {
     test_rope(7, 4, 64, 64, 1.0f);
     test_rope(3, 2, 128, 96, 1.2f);
     test_rope(5, 8, 256, 256, 1.0f);
-    test_rope_kv_write(1, 32, 8, 128, 128, KN_KVF_BF16); /* decode, GQA 4 */
-    test_rope_kv_write(9, 6, 2, 64, 32, KN_KVF_F32);     /* partial rotary, heads not a multiple of 4 */
-    test_rope_kv_write(3, 4, 4, 256, 256, KN_KVF_BF16);
-    test_rope_kv_write(2, 4, 2, 64, 64, KN_KVF_Q8);      /* other formats: may decline */
+    test_rope_kv_write(1, 32, 8, 128, 128, KN_KVF_BF16, 0); /* decode, GQA 4 */
+    test_rope_kv_write(9, 6, 2, 64, 32, KN_KVF_F32, 0);     /* partial rotary, heads not a multiple of 4 */
+    test_rope_kv_write(3, 4, 4, 256, 256, KN_KVF_BF16, 0);
+    test_rope_kv_write(2, 4, 2, 64, 64, KN_KVF_Q8, 0);      /* other formats: may decline */
     int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}, {16, 2}};
     int hds[] = {64, 128, 256};
     for (size_t g = 0; g < 4; g++)
@@ -1290,6 +1307,10 @@ int main(void) {
     test_attention_q(32, 1, 64, 100, 9, 0, 1, KN_DT_BF16, 0.0f, KN_KVF_BF16);
     test_attention_q(8, 2, 128, 300, 20, 0, 1, KN_DT_F32, 0.0f, KN_KVF_BF16);
     test_attention_q(8, 2, 128, 300, 20, 0, 90, KN_DT_BF16, 0.0f, KN_KVF_BF16);
+    /* per-head q / k norms fused into rope_kv_write (Qwen3, Gemma 3) */
+    test_rope_kv_write(1, 32, 4, 128, 128, KN_KVF_BF16, 1);
+    test_rope_kv_write(5, 6, 2, 64, 32, KN_KVF_F32, 1);
+    test_rope_kv_write(2, 8, 4, 256, 256, KN_KVF_BF16, 1);
     kn_backend_destroy(be);
     return kn_test_done("test_ops");
 }

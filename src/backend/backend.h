@@ -283,13 +283,16 @@ typedef struct kn_backend_vtbl {
      * params, edits and out are backend memory. */
     void (*sample_rows)(kn_backend *be, float *x, int rows, int V, const kn_sample_params *params,
                         const kn_logit_edit *edits, int32_t *out);
-    /* optional (NULL or returns 0, having done nothing: callers run rope and
-     * kv_write): rope over the n_q_heads query heads at qk and the n_kv_heads
-     * key heads that follow them, then the rotated keys and v written to kv
-     * at slots (as kv_write), in one pass */
+    /* optional (NULL or returns 0, having done nothing: callers run the
+     * norms, rope and kv_write): rope over the n_q_heads query heads at qk
+     * and the n_kv_heads key heads that follow them, then the rotated keys and
+     * v written to kv at slots (as kv_write), in one pass. With q_norm and
+     * k_norm (both or neither), each head is first RMS-normed in place with
+     * that weight [head_dim], exactly as rms_norm(groups = heads) would. */
     int (*rope_kv_write)(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q_heads,
                          int n_kv_heads, int head_dim, const int32_t *pos, const kn_rope_table *rope,
-                         const kn_kv_layer *kv, const int32_t *slots);
+                         const kn_kv_layer *kv, const int32_t *slots, const float *q_norm, const float *k_norm,
+                         float eps);
     /* ---- whisper front end ---- */
     /* optional (NULL: callers compute the mel on the host, audio/mel.h):
      * Whisper's log-mel spectrogram, the numbers of kn_mel_compute. pcm

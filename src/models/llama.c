@@ -675,33 +675,39 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
     int written = 0; /* K/V already in the cache */
     if (in) op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
     float *q = m->qkv, *k = m->qkv + L->q_dim, *v = k + L->kv_dim;
-    if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
-        op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
-        if (!shared) op->rms_norm(be, k, qs, k, qs, n, L->n_kv_heads, hd, L->k_norm, eps);
-    } else if (c->qk_norm_kind == KN_QK_NORM_FULL) {
-        op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
-        op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
-    }
     if (c->v_norm && !shared) op->rms_norm(be, v, qs, v, qs, n, L->n_kv_heads, hd, m->ones, eps);
-    if (c->layer_rope[l] && m->rope_runs) { /* length-dependent RoPE: each run of tokens with its sequence's table */
-        const int half = m->rope.rot_dim / 2;
-        for (int r = 0; r < m->n_runs; r++) {
-            const kn_rope_table rt = {m->rope.rot_dim, m->run_scale[r], m->rope_runs + (size_t)r * half};
-            const int t0 = m->run_t0[r];
-            op->rope(be, q + (int64_t)t0 * qs, qs, m->run_n[r], c->n_heads, hd, m->d_pos + t0, &rt);
-            if (!shared) op->rope(be, k + (int64_t)t0 * qs, qs, m->run_n[r], L->n_kv_heads, hd, m->d_pos + t0, &rt);
+    const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
+    int roped = 0; /* q/k norms (per head), RoPE and the cache write in one pass, where the backend has it */
+    if (c->layer_rope[l] && !m->rope_runs && !shared && L->q_dim == c->n_heads * hd && op->rope_kv_write &&
+        c->qk_norm_kind != KN_QK_NORM_FULL) {
+        const int head_norm = c->qk_norm_kind == KN_QK_NORM_HEAD;
+        roped = written = op->rope_kv_write(be, q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt, &m->kvl[l],
+                                            L->in_ring ? m->d_slots_ring : m->d_slots, head_norm ? L->q_norm : NULL,
+                                            head_norm ? L->k_norm : NULL, eps);
+    }
+    if (!roped) { /* the same steps one op at a time */
+        if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
+            op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
+            if (!shared) op->rms_norm(be, k, qs, k, qs, n, L->n_kv_heads, hd, L->k_norm, eps);
+        } else if (c->qk_norm_kind == KN_QK_NORM_FULL) {
+            op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
+            op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
         }
-    } else if (c->layer_rope[l]) {
-        const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
-        if (!shared && L->q_dim == c->n_heads * hd) { /* k's heads follow q's: one pass rotates both */
-            if (op->rope_kv_write && op->rope_kv_write(be, q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt,
-                                                       &m->kvl[l], L->in_ring ? m->d_slots_ring : m->d_slots))
-                written = 1; /* and the cache rows written in the same pass */
-            else
+        if (c->layer_rope[l] && m->rope_runs) { /* length-dependent RoPE: each run of tokens with its sequence's table */
+            const int half = m->rope.rot_dim / 2;
+            for (int r = 0; r < m->n_runs; r++) {
+                const kn_rope_table rr = {m->rope.rot_dim, m->run_scale[r], m->rope_runs + (size_t)r * half};
+                const int t0 = m->run_t0[r];
+                op->rope(be, q + (int64_t)t0 * qs, qs, m->run_n[r], c->n_heads, hd, m->d_pos + t0, &rr);
+                if (!shared) op->rope(be, k + (int64_t)t0 * qs, qs, m->run_n[r], L->n_kv_heads, hd, m->d_pos + t0, &rr);
+            }
+        } else if (c->layer_rope[l]) {
+            if (!shared && L->q_dim == c->n_heads * hd) { /* k's heads follow q's: one pass rotates both */
                 op->rope(be, q, qs, n, c->n_heads + L->n_kv_heads, hd, m->d_pos, rt);
-        } else {
-            op->rope(be, q, qs, n, c->n_heads, hd, m->d_pos, rt);
-            if (!shared) op->rope(be, k, qs, n, L->n_kv_heads, hd, m->d_pos, rt);
+            } else {
+                op->rope(be, q, qs, n, c->n_heads, hd, m->d_pos, rt);
+                if (!shared) op->rope(be, k, qs, n, L->n_kv_heads, hd, m->d_pos, rt);
+            }
         }
     }
     if (!shared && !written) op->kv_write(be, &m->kvl[l], k, v, qs, n, L->in_ring ? m->d_slots_ring : m->d_slots);

@@ -320,13 +320,66 @@ __global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, cons
 
 /* k_rope over the query and key heads of each token, then each block writes
  * the rotated key heads it holds and the matching value heads to the cache
- * (float or bf16 rows) */
+ * (float or bf16 rows). With qn (query heads' weight) and kn (key heads'),
+ * each of the block's heads is RMS-normed first, with k_rms_norm's
+ * arithmetic: the launch gives it k_rms_norm's thread count, so the sums
+ * split and meet in the same order and the result is the same bits. The
+ * heads' elements (at most ROPE_NORM_PER per thread) are loaded together and
+ * the norm weights before the wait: one round trip, not one per head. */
+#define ROPE_NORM_PER 4
 template <bool BF16>
 __global__ void k_rope_kv(float *x, const float *v, int64_t stride, int n_q, int n_heads, int head_dim,
                           const int32_t *pos, const float *inv_freq, int rot_dim, float scale, void *kc, void *vc,
-                          const int32_t *slots) {
+                          const int32_t *slots, const float *qn, const float *kn, float eps) {
     kn_pdl_trigger();
-    kn_pdl_wait();
+    if (qn) {
+        __shared__ float sh[ROPE_HEADS][32];
+        const int t = blockIdx.x, h0 = blockIdx.y * ROPE_HEADS, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+        float a[ROPE_HEADS][ROPE_NORM_PER], wv[ROPE_HEADS][ROPE_NORM_PER], ss[ROPE_HEADS];
+#pragma unroll
+        for (int hh = 0; hh < ROPE_HEADS; hh++) /* weights are immutable: before the wait */
+#pragma unroll
+            for (int i = 0; i < ROPE_NORM_PER; i++) {
+                const int j = threadIdx.x + i * blockDim.x;
+                wv[hh][i] = h0 + hh < n_heads && j < head_dim ? (h0 + hh < n_q ? qn : kn)[j] : 0.0f;
+            }
+        kn_pdl_wait();
+#pragma unroll
+        for (int hh = 0; hh < ROPE_HEADS; hh++) {
+            const float *xi = x + t * stride + (int64_t)(h0 + hh) * head_dim;
+#pragma unroll
+            for (int i = 0; i < ROPE_NORM_PER; i++) {
+                const int j = threadIdx.x + i * blockDim.x;
+                a[hh][i] = h0 + hh < n_heads && j < head_dim ? xi[j] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < ROPE_HEADS; hh++) { /* block_sum's order: j ascending per thread, xor tree, warps */
+            ss[hh] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ROPE_NORM_PER; i++)
+                if (threadIdx.x + i * blockDim.x < head_dim) ss[hh] += a[hh][i] * a[hh][i];
+            for (int o = 16; o > 0; o >>= 1) ss[hh] += __shfl_xor_sync(0xffffffff, ss[hh], o);
+            if (lane == 0) sh[hh][wid] = ss[hh];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int hh = 0; hh < ROPE_HEADS; hh++) {
+            if (h0 + hh >= n_heads) break;
+            float tot = 0.0f;
+            for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) tot += sh[hh][i];
+            const float inv = 1.0f / sqrtf(tot / head_dim + eps);
+            float *xi = x + t * stride + (int64_t)(h0 + hh) * head_dim;
+#pragma unroll
+            for (int i = 0; i < ROPE_NORM_PER; i++) {
+                const int j = threadIdx.x + i * blockDim.x;
+                if (j < head_dim) xi[j] = wv[hh][i] * (a[hh][i] * inv);
+            }
+        }
+        __syncthreads(); /* rope reads other threads' elements */
+    } else {
+        kn_pdl_wait();
+    }
     rope_block(x, stride, n_heads, head_dim, pos, inv_freq, rot_dim, scale);
     const int t = blockIdx.x, h0 = blockIdx.y * ROPE_HEADS;
     __syncthreads();
@@ -515,15 +568,19 @@ static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int 
 }
 static int cu_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q_heads,
                             int n_kv_heads, int head_dim, const int32_t *pos, const kn_rope_table *r,
-                            const kn_kv_layer *kv, const int32_t *slots) {
+                            const kn_kv_layer *kv, const int32_t *slots, const float *q_norm, const float *k_norm,
+                            float eps) {
     const int bf16 = kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16;
     if (!(bf16 || (kv->k_fmt == KN_KVF_F32 && kv->v_fmt == KN_KVF_F32)) || kv->n_kv_heads != n_kv_heads ||
-        kv->head_dim != head_dim || r->rot_dim < 2 || n_tokens < 1)
+        kv->head_dim != head_dim || r->rot_dim < 2 || n_tokens < 1 || !q_norm != !k_norm)
         return 0;
-    const int rhalf = r->rot_dim / 2, threads = rhalf >= 128 ? 128 : (rhalf + 31) / 32 * 32, nh = n_q_heads + n_kv_heads;
+    const int rhalf = r->rot_dim / 2, nh = n_q_heads + n_kv_heads;
+    const int threads = q_norm ? (head_dim >= 256 ? 256 : 64) /* cu_rms_norm's */
+                               : rhalf >= 128 ? 128 : (rhalf + 31) / 32 * 32;
+    if (q_norm && head_dim > threads * ROPE_NORM_PER) return 0;
     dim3 grid((unsigned)n_tokens, (unsigned)((nh + ROPE_HEADS - 1) / ROPE_HEADS));
     kn_cuda_launch(be, bf16 ? k_rope_kv<true> : k_rope_kv<false>, grid, dim3(threads), 0, qk, v, stride, n_q_heads, nh,
-                   head_dim, pos, r->inv_freq, r->rot_dim, r->attn_scale, kv->k, kv->v, slots);
+                   head_dim, pos, r->inv_freq, r->rot_dim, r->attn_scale, kv->k, kv->v, slots, q_norm, k_norm, eps);
     return 1;
 }
 static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,

@@ -677,21 +677,20 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
     float *q = m->qkv, *k = m->qkv + L->q_dim, *v = k + L->kv_dim;
     if (c->v_norm && !shared) op->rms_norm(be, v, qs, v, qs, n, L->n_kv_heads, hd, m->ones, eps);
     const kn_rope_table *rt = c->has_local_rope && c->layer_sliding[l] ? &m->rope_local : &m->rope;
-    int roped = 0; /* q/k norms (per head), RoPE and the cache write in one pass, where the backend has it */
-    if (c->layer_rope[l] && !m->rope_runs && !shared && L->q_dim == c->n_heads * hd && op->rope_kv_write &&
-        c->qk_norm_kind != KN_QK_NORM_FULL) {
-        const int head_norm = c->qk_norm_kind == KN_QK_NORM_HEAD;
+    const int head_norm = c->qk_norm_kind == KN_QK_NORM_HEAD;
+    if (c->qk_norm_kind == KN_QK_NORM_FULL) { /* over the whole projection: its own op */
+        op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
+        op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
+    }
+    int roped = 0; /* per-head q/k norms, RoPE and the cache write in one pass, where the backend has it */
+    if (c->layer_rope[l] && !m->rope_runs && !shared && L->q_dim == c->n_heads * hd && op->rope_kv_write)
         roped = written = op->rope_kv_write(be, q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt, &m->kvl[l],
                                             L->in_ring ? m->d_slots_ring : m->d_slots, head_norm ? L->q_norm : NULL,
                                             head_norm ? L->k_norm : NULL, eps);
-    }
     if (!roped) { /* the same steps one op at a time */
-        if (c->qk_norm_kind == KN_QK_NORM_HEAD) {
+        if (head_norm) {
             op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
             if (!shared) op->rms_norm(be, k, qs, k, qs, n, L->n_kv_heads, hd, L->k_norm, eps);
-        } else if (c->qk_norm_kind == KN_QK_NORM_FULL) {
-            op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
-            op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
         }
         if (c->layer_rope[l] && m->rope_runs) { /* length-dependent RoPE: each run of tokens with its sequence's table */
             const int half = m->rope.rot_dim / 2;

@@ -290,8 +290,11 @@ static void *dev(const void *host, size_t bytes) {
 }
 
 /* One sequence of T tokens written through kv_write, n_q queries at the last
- * positions, attention on the backend vs float64 over the stored codes. */
-static void test_attention_kv(kn_kv_pool *pool, const char *fmt, int G, int T, int window, float softcap) {
+ * positions, attention on the backend vs float64 over the stored codes.
+ * compute_dtype KN_DT_BF16 is a bf16 model's decode (CUDA: the tensor-core
+ * kernel where the format has one, which rounds its operands to f16). */
+static void test_attention_kv(kn_kv_pool *pool, const char *fmt, int G, int T, int window, float softcap,
+                              int compute_dtype) {
     const kn_kv_spec spec = pool->header.spec;
     const int nkv = 2, D = pool->head_dim, H = nkv * G, bs = pool->block_size, n_q = T >= 4096 ? 2 : T >= 3 ? 3 : T;
     const int nblocks = (int)pool->n_blocks;
@@ -327,7 +330,7 @@ static void test_attention_kv(kn_kv_pool *pool, const char *fmt, int G, int T, i
     kn_attention_args a = {.q = dq, .q_stride = (int64_t)H * D, .out = dout, .n_tokens = n_q, .n_heads = H,
                            .scale = 1.0f / sqrtf((float)D), .window = window, .pos = dpos, .seq = dseq,
                            .block_tables = dbt, .max_blocks = nblocks, .kv = kv, .pos_host = pos, .seq_host = seq,
-                           .compute_dtype = KN_DT_F32, .softcap = softcap};
+                           .compute_dtype = compute_dtype, .softcap = softcap};
     be->vt->attention(be, &a);
     kn_be_sync(be);
     kn_be_download(be, out, dout, (size_t)n_q * H * D * 4);
@@ -368,8 +371,8 @@ static void test_attention_kv(kn_kv_pool *pool, const char *fmt, int G, int T, i
         }
     const double rel = sqrt(num / (den > 0 ? den : 1));
     if (rel > worst_rel) worst_rel = rel;
-    CHECK(rel <= 2e-3, "attention %s D=%d G=%d T=%d window=%d softcap=%g: rel L2 %.3g", fmt, D, G, T, window, softcap,
-          rel);
+    CHECK(rel <= 2e-3, "attention %s D=%d G=%d T=%d window=%d softcap=%g %s: rel L2 %.3g", fmt, D, G, T, window, softcap,
+          compute_dtype == KN_DT_BF16 ? "bf16 model" : "f32 model", rel);
     free(p), free(kd), free(vd), free(kraw), free(vraw), free(k), free(v), free(q), free(out), free(bt), free(slots),
         free(pos), free(seq);
     kn_be_free(be, dk), kn_be_free(be, dv), kn_be_free(be, dslots), kn_be_free(be, dq), kn_be_free(be, dout),
@@ -416,10 +419,19 @@ int main(void) {
                     const int rotated_preset = f == 5 || f == 6, one_combo = di == 1 && gi == 1;
                     if (Ts[ti] == 4096 && !(rotated_preset || (f <= 7 && one_combo))) continue;
                     if (Ts[ti] > 4096 && !(f <= 7 && di == 1 && gi == 2)) continue;
-                    test_attention_kv(pool, fmts[f], Gs[gi], Ts[ti], 0, 0.0f);
+                    test_attention_kv(pool, fmts[f], Gs[gi], Ts[ti], 0, 0.0f, KN_DT_F32);
+                    /* k8v3 as a bf16 model decodes it (head dims with a tensor-core kernel) */
+                    if (f == 5 && di <= 1 && Ts[ti] <= 4096)
+                        test_attention_kv(pool, fmts[f], Gs[gi], Ts[ti], 0, 0.0f, KN_DT_BF16);
                 }
-            if (di == 1 && f == 5) test_attention_kv(pool, fmts[f], 4, 300, 64, 0.0f); /* k8v3, sliding window */
-            if (di == 0 && f == 6) test_attention_kv(pool, fmts[f], 2, 100, 0, 30.0f); /* tq4, soft-capped scores */
+            if (di == 1 && f == 5) { /* k8v3, sliding window; 16 heads per KV head; soft-capped scores */
+                test_attention_kv(pool, fmts[f], 4, 300, 64, 0.0f, KN_DT_F32);
+                test_attention_kv(pool, fmts[f], 4, 300, 64, 0.0f, KN_DT_BF16);
+                test_attention_kv(pool, fmts[f], 16, 1000, 0, 0.0f, KN_DT_BF16);
+                test_attention_kv(pool, fmts[f], 4, 200, 0, 30.0f, KN_DT_BF16);
+            }
+            if (di == 0 && f == 5) test_attention_kv(pool, fmts[f], 2, 100, 0, 30.0f, KN_DT_BF16);
+            if (di == 0 && f == 6) test_attention_kv(pool, fmts[f], 2, 100, 0, 30.0f, KN_DT_F32); /* tq4, soft-capped scores */
             kn_kv_pool_destroy(pool);
         }
     printf("  kernel checks: %.1f s, worst attention rel L2 %.2g (gate 2e-3)\n", now() - t1, worst_rel);

@@ -33,6 +33,7 @@
 #define KVF_MAX_SPLITS 128
 #define KVF_MIN_SPLIT_KEYS 32
 #define KVF_WARP_KEYS 64
+#define KVF_TC_WARP_KEYS 256 /* the tensor-core kernel walks 16 keys a step: longer runs per warp, fewer splits */
 #define KVF_NEG (-1e30f)
 #define KVF_RUNTIME (-1)
 
@@ -95,6 +96,16 @@ __device__ __forceinline__ float kv_at(int f, const uint8_t *row, int d, int hd,
     return kn_kv_elem(f, row, d, hd, aux);
 }
 
+/* log2 of a block size that is a power of two (the usual 16), else -1 */
+__device__ __forceinline__ int kv_block_shift(int bs) { return (bs & (bs - 1)) ? -1 : __ffs(bs) - 1; }
+
+/* the cache slot of position j through a sequence's block table; a shift
+ * instead of a division when the block size is a power of two (sh >= 0) */
+__device__ __forceinline__ int64_t kv_slot(const int32_t *bt, int j, int bs, int sh) {
+    const int b = sh >= 0 ? j >> sh : j / bs;
+    return (int64_t)bt[b] * bs + (j - b * bs);
+}
+
 /* The last of a (token, head group)'s n_splits blocks to finish merges their
  * partials; true in that block. Each block's partial writes are made visible
  * before it counts itself; the last one resets the counter for the next
@@ -140,15 +151,26 @@ __device__ __forceinline__ void merge_splits(const float *pr, int n_splits, int 
     float acc[NI];
 #pragma unroll
     for (int i = 0; i < NI; i++) acc[i] = 0.0f;
+    /* MU splits' accumulators are loaded before the first is added (the
+     * loop would otherwise wait out an L2 round trip per split) */
+    constexpr int MU = NI <= 4 ? 8 : 4;
 #pragma unroll
     for (int k = 0; k < SK; k++) {
         const int n = n_splits - 32 * k < 32 ? n_splits - 32 * k : 32;
-        for (int j = 0; j < n; j++) {
-            const float cs = __shfl_sync(0xffffffffu, c[k], j);
-            const float *ps = pr + (32 * k + j) * rw + 2;
+        for (int j0 = 0; j0 < n; j0 += MU) {
+            float v[MU][NI];
 #pragma unroll
-            for (int i = 0; i < NI; i++)
-                if (lane + 32 * i < hd) acc[i] += __ldcg(ps + lane + 32 * i) * cs;
+            for (int u = 0; u < MU; u++) {
+                const float *ps = pr + (32 * k + j0 + u) * rw + 2;
+#pragma unroll
+                for (int i = 0; i < NI; i++) v[u][i] = j0 + u < n && lane + 32 * i < hd ? __ldcg(ps + lane + 32 * i) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < MU; u++) {
+                const float cs = __shfl_sync(0xffffffffu, c[k], (j0 + u) & 31);
+#pragma unroll
+                for (int i = 0; i < NI; i++) acc[i] += v[u][i] * cs;
+            }
         }
     }
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
@@ -182,7 +204,7 @@ __global__ void __launch_bounds__(KVF_WARPS * 32)
     const int lo = (a.window > 0 && p - a.window + 1 > 0) ? p - a.window + 1 : 0;
     const int n = p - lo + 1, per = (n + n_splits - 1) / n_splits;
     const int j0 = lo + split * per, j1 = min(p + 1, j0 + per);
-    const int krot = kn_kv_fmt_rotated(kf);
+    const int krot = kn_kv_fmt_rotated(kf), bsh = kv_block_shift(bs);
 
     float q[GB][NI], acc[GB][NI], m[GB], l[GB];
 #pragma unroll
@@ -209,7 +231,7 @@ __global__ void __launch_bounds__(KVF_WARPS * 32)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int jj = j + u * KVF_WARPS < j1 ? j + u * KVF_WARPS : j; /* past the split: reload j, unused */
-            const int64_t row = ((int64_t)bt[jj / bs] * bs + jj % bs) * nkv + kvh;
+            const int64_t row = kv_slot(bt, jj, bs, bsh) * nkv + kvh;
             const uint8_t *kr_row = K + row * kb, *vr_row = V + row * vb;
 #pragma unroll
             for (int i = 0; i < NI; i++) {

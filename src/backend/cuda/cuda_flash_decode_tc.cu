@@ -1,55 +1,99 @@
-/* cuda_flash_decode_tc.cu — split-K flash decode on tensor cores, for bf16
- * K/V rows and bf16 compute (a bf16 model's cache), head dims 64 and 128 and
- * up to 16 query heads per KV head.
+/* cuda_flash_decode_tc.cu — split-K flash decode on tensor cores, head dims
+ * 64 and 128 and up to 16 query heads per KV head, for two caches:
+ *   bf16 K/V rows with bf16 compute (a bf16 model's cache): bf16 operands;
+ *   k8v3 (q8a keys, tqv3 values) with bf16/f16 compute: f16 operands, the
+ *   rows decoded into fragments in registers (no dequantized copy).
  *
  * One block of 4 warps per (query token, KV head, key split), as in
  * k_flash_kv; the G query heads sharing the KV head are the 16 rows of the
  * mma's A operand (rows >= G are zero), so every cached row is read once for
  * all of them. A warp takes 16-key tiles of the split in turn:
  *   S [16 heads x 16 keys] = Q K^T    mma m16n8k16, 2 key n-tiles x HD/16 steps
- *   P = 2^(S scale log2e - m)          rounded to bf16, kept in registers
+ *   P = 2^(S scale log2e - m)          rounded to the operand type, in registers
  *   O [16 heads x HD] += P V           mma, HD/8 dim n-tiles, 16 keys deep
  * with a running max m and sum l per head (l by an mma of P against ones).
  * Fragments come straight from the paged cache, no shared memory: the dot
  * product does not care in which order dims are summed, so lane (g, t) loads
  * one contiguous quarter of key row g (of each 8-key n-tile) and the Q
  * fragments are built in the same dim order; for P V, lane (g, t) loads dims
- * [g NT, g NT + NT) of key rows 2t, 2t+1, 2t+8, 2t+9 and pairs rows with one
- * byte permute, so output column c of n-tile nt is dim c NT + nt.
+ * [g NT, g NT + NT) of key rows 2t, 2t+1, 2t+8, 2t+9 and pairs rows (a byte
+ * permute for bf16), so output column c of n-tile nt is dim c NT + nt.
+ *
+ * k8v3 decode: a key quarter lies in one q8a group, so a lane needs one
+ * (scale, zero) per row: codes become f16 1024 + 128 + c by one byte permute
+ * (exact), then s (c + z) by a subtract and an fma. A value fragment register
+ * holds one dim of two rows: their two 3-bit codes index a 64-entry shared
+ * table of centroid pairs (replicated per lane, so no bank conflicts) and the
+ * pair is multiplied by the rows' two scales. q is scaled before it is
+ * rounded to f16 (range); values stay rotated and every output row is
+ * un-rotated once as it is written (write_head, merge_splits).
  *
  * The warps meet in shared memory; with one split the block writes the
  * normalized output, otherwise its (m, l, acc) partial, and the split's last
  * block merges them (merge_splits, as the CUDA-core kernel).
  *
- * Numerics: q and the probabilities are rounded to bf16 (as the flash prefill
- * kernel rounds them), products and sums are f32. f32 compute (f32 models)
+ * Numerics: bf16 caches round q and the probabilities to bf16 (as the flash
+ * prefill kernel does), k8v3 rounds q, the decoded rows and the
+ * probabilities to f16; products and sums are f32. f32 compute (f32 models)
  * and every other format keep the CUDA-core kernel (exact f32 dot products). */
 #include "backend/cuda/cuda_flash_decode.cuh"
 
 #define TC_WARPS 4
 #define TC_KEYS 16 /* keys per warp step */
 
-__device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
+/* two floats as one operand register (lo in the low half): bf16 or f16 */
+template <bool F16> __device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
+    if (F16) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *(uint32_t *)&v;
+    }
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
 }
+__device__ __forceinline__ __half2 tc_h2(uint32_t u) { return *(__half2 *)&u; }
+__device__ __forceinline__ uint32_t tc_u32(__half2 h) { return *(uint32_t *)&h; }
 
 /* 16-byte pieces of a row, read through the non-coherent path (the cache is
  * written by earlier kernels only) */
 __device__ __forceinline__ uint4 tc_ld16(const uint8_t *p) { return __ldg((const uint4 *)p); }
 
-template <int HD, bool CAP>
+/* four q8a codes (dims 4m .. 4m + 3 of a row) -> two f16 pairs s (c + z):
+ * 0x64xx is the f16 1024 + xx, so c ^ 0x80 becomes 1152 + c exactly, and
+ * the fma rounds s (c + z) once (sz = s z rounded to f16) */
+__device__ __forceinline__ void tc_q8_pairs(uint32_t w, __half2 s2, __half2 sz2, uint32_t &lo, uint32_t &hi) {
+    const uint32_t x = w ^ 0x80808080u;
+    const __half2 base = __float2half2_rn(1152.0f);
+    lo = tc_u32(__hfma2(__hsub2(tc_h2(__byte_perm(x, 0x64646464u, 0x4140)), base), s2, sz2));
+    hi = tc_u32(__hfma2(__hsub2(tc_h2(__byte_perm(x, 0x64646464u, 0x4342)), base), s2, sz2));
+}
+
+/* 3-bit code fields: bits 6k .. 6k + 2, k < 8 */
+#define TC_CODE_EVEN 0x1C71C71C71C7ull
+
+template <int HD, bool CAP, bool CQ>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters) {
     constexpr int KT = HD / 16;   /* QK steps (16 dims each) */
     constexpr int NT = HD / 8;    /* PV n-tiles (8 dims each) */
     constexpr int QD = HD / 4;    /* dims of a key row per lane in QK */
-    constexpr int KW = QD / 2;    /* ... as 32-bit words */
-    constexpr int VW = NT / 2;    /* words of a value row per lane in PV */
+    constexpr int KW = QD / 2;    /* ... as 32-bit words of bf16 pairs */
+    constexpr int VW = NT / 2;    /* words of a bf16 value row per lane in PV */
+    constexpr int NG = HD / 32;   /* k8v3: scale groups per row */
+    constexpr int CW = QD / 4;    /* k8v3: words of q8a codes per lane in QK */
+    constexpr int64_t KB = CQ ? HD + 4 * NG : 2 * HD, VB = CQ ? 2 * NG + 3 * HD / 8 : 2 * HD; /* row bytes */
+    extern __shared__ float tsh[]; /* [TC_WARPS][16][2 + HD]; k8v3: the value table first */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     kn_pdl_trigger();
+    if constexpr (CQ) { /* value table: entry i (codes i & 7 of row 2t, i >> 3 of row 2t + 1) at word 32 i + lane */
+        __shared__ float cent[8];
+        if (threadIdx.x < 8) cent[threadIdx.x] = kv.v_tab[threadIdx.x];
+        __syncthreads();
+        uint32_t *vt = (uint32_t *)tsh;
+        for (int i = threadIdx.x; i < 64 * 32; i += TC_WARPS * 32) vt[i] = tc_pack<true>(cent[(i >> 5) & 7], cent[i >> 8]);
+        __syncthreads();
+    }
     kn_pdl_wait();
     const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int bs = kv.block_size, nkv = kv.n_kv_heads, G = a.n_heads / nkv, h0 = kvh * G;
     const uint8_t *K = (const uint8_t *)kv.k, *V = (const uint8_t *)kv.v;
     const int32_t *bt = a.block_tables + (int64_t)a.seq[t] * a.max_blocks;
@@ -57,8 +101,10 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     const int lo = (a.window > 0 && p - a.window + 1 > 0) ? p - a.window + 1 : 0;
     const int n = p - lo + 1, per = (n + n_splits - 1) / n_splits;
     const int j0 = lo + split * per, j1 = min(p + 1, j0 + per);
-    const float sl2 = a.scale * 1.4426950408889634f;
-    const float cap_in = CAP ? a.scale / a.softcap : 0.0f, cap_out = CAP ? a.softcap / a.scale : 0.0f;
+    /* k8v3 scales q before rounding it to f16, so raw scores are already scaled */
+    const float qs = CQ ? a.scale : 1.0f, ss = CQ ? 1.0f : a.scale;
+    const float sl2 = ss * 1.4426950408889634f;
+    const float cap_in = CAP ? ss / a.softcap : 0.0f, cap_out = CAP ? a.softcap / ss : 0.0f;
 
     /* Q fragments in the QK dim order: step kk, k index 2tq + e <-> dim
      * tq QD + 4 kk + e, k index 2tq + 8 + e <-> dim tq QD + 4 kk + 2 + e */
@@ -70,49 +116,104 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) { /* scalar loads: q rows need not be 16-byte aligned */
             const float *pa = qra + 4 * kk, *pb = qrb + 4 * kk;
-            qa[kk][0] = ra ? tc_pack(pa[0], pa[1]) : 0u, qa[kk][2] = ra ? tc_pack(pa[2], pa[3]) : 0u;
-            qa[kk][1] = rb ? tc_pack(pb[0], pb[1]) : 0u, qa[kk][3] = rb ? tc_pack(pb[2], pb[3]) : 0u;
+            qa[kk][0] = ra ? tc_pack<CQ>(pa[0] * qs, pa[1] * qs) : 0u;
+            qa[kk][2] = ra ? tc_pack<CQ>(pa[2] * qs, pa[3] * qs) : 0u;
+            qa[kk][1] = rb ? tc_pack<CQ>(pb[0] * qs, pb[1] * qs) : 0u;
+            qa[kk][3] = rb ? tc_pack<CQ>(pb[2] * qs, pb[3] * qs) : 0u;
         }
     }
     float o[NT][4], ol[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY; /* raw-score running max of heads g, g + 8 */
-    const int64_t rowb = (int64_t)HD * 2;
-    auto row_of = [&](int j) -> const int64_t { return ((int64_t)bt[j / bs] * bs + j % bs) * nkv + kvh; };
+    const int bsh = __ffs(bs) - 1; /* block sizes are powers of two here (kn_cuda_flash_decode) */
+    auto row_of = [&](int j) -> int64_t { return ((int64_t)bt[j >> bsh] * bs + (j & (bs - 1))) * nkv + kvh; };
+    /* k8v3 value codes of this lane: bytes [vo, vo + 3 NT / 8) of a row (after
+     * the scales), read as one or two aligned words */
+    constexpr int VNB = 3 * NT / 8;
+    const int vo = 2 * NG + g * VNB, vsh = 8 * (vo & 3);
+    const bool v2w = (vo & 3) + VNB > 4;
+    const uint32_t lane4 = (uint32_t)lane << 2;
 
-    for (int jt = j0 + warp * TC_KEYS; jt < j1; jt += TC_WARPS * TC_KEYS) {
+    /* a tile's raw rows: loaded (load) before they are decoded and used (step) */
+    struct raw_tile {
+        uint32_t kw[2][CQ ? CW : KW], vw[4][CQ ? 1 : VW];
+        uint16_t ks[2], kz[2], vs[4];
+        uint64_t vc[4];
+    };
+    auto load = [&](int jt, raw_tile &r) {
         /* loads: key rows jt + g, jt + 8 + g (this lane's quarter) and value
          * rows jt + 2tq, +1, +8, +9 (dims g NT ..); past j1: row jt, masked */
-        uint32_t kw[2][KW], vw[4][VW];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             const int j = jt + nt * 8 + g < j1 ? jt + nt * 8 + g : jt;
-            const uint8_t *r = K + row_of(j) * rowb + tq * QD * 2;
+            const uint8_t *p = K + row_of(j) * KB;
+            if constexpr (CQ) {
+                const int grp = tq * QD / 32;
+                r.ks[nt] = __ldg((const unsigned short *)p + grp), r.kz[nt] = __ldg((const unsigned short *)p + NG + grp);
+                p += 4 * NG + tq * QD;
+                if constexpr (KB % 16 == 0) {
 #pragma unroll
-            for (int i = 0; i < KW / 4; i++) {
-                const uint4 u = tc_ld16(r + 16 * i);
-                kw[nt][4 * i] = u.x, kw[nt][4 * i + 1] = u.y, kw[nt][4 * i + 2] = u.z, kw[nt][4 * i + 3] = u.w;
+                    for (int i = 0; i < CW / 4; i++) {
+                        const uint4 u = tc_ld16(p + 16 * i);
+                        r.kw[nt][4 * i] = u.x, r.kw[nt][4 * i + 1] = u.y, r.kw[nt][4 * i + 2] = u.z, r.kw[nt][4 * i + 3] = u.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < CW / 2; i++) {
+                        const uint2 u = __ldg((const uint2 *)(p + 8 * i));
+                        r.kw[nt][2 * i] = u.x, r.kw[nt][2 * i + 1] = u.y;
+                    }
+                }
+            } else {
+                p += tq * QD * 2;
+#pragma unroll
+                for (int i = 0; i < KW / 4; i++) {
+                    const uint4 u = tc_ld16(p + 16 * i);
+                    r.kw[nt][4 * i] = u.x, r.kw[nt][4 * i + 1] = u.y, r.kw[nt][4 * i + 2] = u.z, r.kw[nt][4 * i + 3] = u.w;
+                }
             }
         }
 #pragma unroll
         for (int rr = 0; rr < 4; rr++) {
             const int jr = jt + 2 * tq + (rr & 1) + (rr >> 1) * 8;
             const int j = jr < j1 ? jr : jt;
-            const uint8_t *r = V + row_of(j) * rowb + g * NT * 2;
+            const uint8_t *p = V + row_of(j) * VB;
+            if constexpr (CQ) {
+                r.vs[rr] = __ldg((const unsigned short *)p + g * NT / 32);
+                const uint32_t *w = (const uint32_t *)(p + (vo & ~3));
+                const uint32_t w0 = __ldg(w), w1 = v2w ? __ldg(w + 1) : 0u;
+                r.vc[rr] = (((uint64_t)w1 << 32) | w0) >> vsh;
+            } else {
+                p += g * NT * 2;
 #pragma unroll
-            for (int i = 0; i < VW / 4; i++) {
-                const uint4 u = tc_ld16(r + 16 * i);
-                vw[rr][4 * i] = u.x, vw[rr][4 * i + 1] = u.y, vw[rr][4 * i + 2] = u.z, vw[rr][4 * i + 3] = u.w;
+                for (int i = 0; i < VW / 4; i++) {
+                    const uint4 u = tc_ld16(p + 16 * i);
+                    r.vw[rr][4 * i] = u.x, r.vw[rr][4 * i + 1] = u.y, r.vw[rr][4 * i + 2] = u.z, r.vw[rr][4 * i + 3] = u.w;
+                }
             }
         }
+    };
+    auto step = [&](int jt, const raw_tile &r) {
         /* S = Q K^T: s[nt] covers keys jt + nt*8 + 2tq, +1 (heads g, g + 8) */
         float s[2][4];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            if constexpr (CQ) {
+                const __half hs = __ushort_as_half(r.ks[nt]);
+                const __half2 s2 = __half2half2(hs);
+                const __half2 sz2 = __float2half2_rn(__half2float(hs) * __half2float(__ushort_as_half(r.kz[nt])));
 #pragma unroll
-            for (int kk = 0; kk < KT; kk++) kn_mma_bf16(s[nt], qa[kk], kw[nt][2 * kk], kw[nt][2 * kk + 1]);
+                for (int kk = 0; kk < KT; kk++) {
+                    uint32_t b0, b1;
+                    tc_q8_pairs(r.kw[nt][kk], s2, sz2, b0, b1);
+                    kn_mma_f16(s[nt], qa[kk], b0, b1);
+                }
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < KT; kk++) kn_mma_bf16(s[nt], qa[kk], r.kw[nt][2 * kk], r.kw[nt][2 * kk + 1]);
+            }
         }
         float mxa = -INFINITY, mxb = -INFINITY;
 #pragma unroll
@@ -129,36 +230,86 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         const kn_softmax_step sm = kn_softmax_rows(mxa, mxb, ma, mb, sl2);
         const float za = sm.za, zb = sm.zb, aa = sm.aa, ab = sm.ab;
         uint32_t pf[4]; /* P as the A fragment: keys 2tq.. (n-tile 0) and 2tq + 8.. (n-tile 1) */
-        pf[0] = tc_pack(kn_exp2_approx(fmaf(s[0][0], sl2, -za)), kn_exp2_approx(fmaf(s[0][1], sl2, -za)));
-        pf[1] = tc_pack(kn_exp2_approx(fmaf(s[0][2], sl2, -zb)), kn_exp2_approx(fmaf(s[0][3], sl2, -zb)));
-        pf[2] = tc_pack(kn_exp2_approx(fmaf(s[1][0], sl2, -za)), kn_exp2_approx(fmaf(s[1][1], sl2, -za)));
-        pf[3] = tc_pack(kn_exp2_approx(fmaf(s[1][2], sl2, -zb)), kn_exp2_approx(fmaf(s[1][3], sl2, -zb)));
+        pf[0] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[0][0], sl2, -za)), kn_exp2_approx(fmaf(s[0][1], sl2, -za)));
+        pf[1] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[0][2], sl2, -zb)), kn_exp2_approx(fmaf(s[0][3], sl2, -zb)));
+        pf[2] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[1][0], sl2, -za)), kn_exp2_approx(fmaf(s[1][1], sl2, -za)));
+        pf[3] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[1][2], sl2, -zb)), kn_exp2_approx(fmaf(s[1][3], sl2, -zb)));
         if (__any_sync(0xffffffffu, aa != 1.0f || ab != 1.0f)) {
             ol[0] *= aa, ol[1] *= aa, ol[2] *= ab, ol[3] *= ab;
 #pragma unroll
             for (int i = 0; i < NT; i++) o[i][0] *= aa, o[i][1] *= aa, o[i][2] *= ab, o[i][3] *= ab;
         }
-        kn_mma_bf16(ol, pf, 0x3f803f80u, 0x3f803f80u); /* row sums of the rounded P */
         /* O += P V: n-tile nt's column g is dim g NT + nt; b0 pairs value
          * rows 2tq, 2tq + 1, b1 rows 2tq + 8, 2tq + 9 */
+        if constexpr (CQ) {
+            kn_mma_f16(ol, pf, 0x3c003c00u, 0x3c003c00u); /* row sums of the rounded P */
+            /* the two rows' codes interleaved: field k of xe[pr] is (code 2k of
+             * row 2pr, code 2k of row 2pr + 1), of xo[pr] codes 2k + 1; shifted
+             * so that a field lands on the table's word index */
+            uint64_t xe[2], xo[2];
+            __half2 sc[2];
 #pragma unroll
-        for (int i = 0; i < VW; i++) {
-            const uint32_t b0e = __byte_perm(vw[0][i], vw[1][i], 0x5410), b0o = __byte_perm(vw[0][i], vw[1][i], 0x7632);
-            const uint32_t b1e = __byte_perm(vw[2][i], vw[3][i], 0x5410), b1o = __byte_perm(vw[2][i], vw[3][i], 0x7632);
-            kn_mma_bf16(o[2 * i], pf, b0e, b1e);
-            kn_mma_bf16(o[2 * i + 1], pf, b0o, b1o);
+            for (int pr = 0; pr < 2; pr++) {
+                const uint64_t c0 = r.vc[2 * pr], c1 = r.vc[2 * pr + 1];
+                xe[pr] = ((c0 & TC_CODE_EVEN) | ((c1 << 3) & ~TC_CODE_EVEN)) << 7;
+                xo[pr] = (((c0 >> 3) & TC_CODE_EVEN) | (c1 & ~TC_CODE_EVEN)) << 7;
+                sc[pr] = __halves2half2(__ushort_as_half(r.vs[2 * pr]), __ushort_as_half(r.vs[2 * pr + 1]));
+            }
+            const char *vt = (const char *)tsh;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t b[2];
+#pragma unroll
+                for (int pr = 0; pr < 2; pr++) {
+                    const uint64_t x = nt & 1 ? xo[pr] : xe[pr];
+                    const uint32_t off = ((uint32_t)(x >> (6 * (nt >> 1))) & (63u << 7)) | lane4;
+                    b[pr] = tc_u32(__hmul2(*(const __half2 *)(vt + off), sc[pr]));
+                }
+                kn_mma_f16(o[nt], pf, b[0], b[1]);
+            }
+        } else {
+            kn_mma_bf16(ol, pf, 0x3f803f80u, 0x3f803f80u); /* row sums of the rounded P */
+#pragma unroll
+            for (int i = 0; i < VW; i++) {
+                const uint32_t b0e = __byte_perm(r.vw[0][i], r.vw[1][i], 0x5410), b0o = __byte_perm(r.vw[0][i], r.vw[1][i], 0x7632);
+                const uint32_t b1e = __byte_perm(r.vw[2][i], r.vw[3][i], 0x5410), b1o = __byte_perm(r.vw[2][i], r.vw[3][i], 0x7632);
+                kn_mma_bf16(o[2 * i], pf, b0e, b1e);
+                kn_mma_bf16(o[2 * i + 1], pf, b0o, b1o);
+            }
+        }
+    };
+    /* k8v3 rows carry few bytes per tile, so each warp keeps the next tile's
+     * loads in flight while it decodes and multiplies the current one */
+    const int jstep = TC_WARPS * TC_KEYS;
+    int jt = j0 + warp * TC_KEYS;
+    if constexpr (CQ) { /* two buffers in turn (no copies) */
+        raw_tile ra, rb;
+        if (jt < j1) load(jt, ra);
+        while (jt < j1) {
+            if (jt + jstep < j1) load(jt + jstep, rb);
+            step(jt, ra);
+            if ((jt += jstep) >= j1) break;
+            if (jt + jstep < j1) load(jt + jstep, ra);
+            step(jt, rb);
+            jt += jstep;
+        }
+    } else {
+        for (; jt < j1; jt += jstep) {
+            raw_tile r;
+            load(jt, r);
+            step(jt, r);
         }
     }
 
     /* the warps meet: per warp m (natural units), l and acc of its 16 rows
-     * in natural dim order */
-    extern __shared__ float tsh[]; /* [TC_WARPS][16][2 + HD] */
+     * in natural dim order (k8v3: once every warp is done with the table) */
+    if constexpr (CQ) __syncthreads();
     const int rw = 2 + HD;
     {
         float *ra = tsh + ((int64_t)warp * 16 + g) * rw, *rb = ra + 8 * rw;
         if (tq == 0) {
-            ra[0] = ma == -INFINITY ? KVF_NEG : ma * a.scale, ra[1] = ol[0];
-            rb[0] = mb == -INFINITY ? KVF_NEG : mb * a.scale, rb[1] = ol[2];
+            ra[0] = ma == -INFINITY ? KVF_NEG : ma * ss, ra[1] = ol[0];
+            rb[0] = mb == -INFINITY ? KVF_NEG : mb * ss, rb[1] = ol[2];
         }
 #pragma unroll
         for (int i = 0; i < NT; i++) {
@@ -177,42 +328,46 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
             L += rr[1] * c[w];
         }
         const int h = h0 + r;
+        float acc[HD / 32];
+#pragma unroll
+        for (int i = 0; i < HD / 32; i++) {
+            float v = 0.0f;
+            for (int w = 0; w < TC_WARPS; w++) v += tsh[((int64_t)w * 16 + r) * rw + 2 + lane + 32 * i] * c[w];
+            acc[i] = v;
+        }
         if (n_splits == 1) {
             const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-            float *dst = a.out + ((int64_t)t * a.n_heads + h) * HD;
-            for (int d = lane; d < HD; d += 32) {
-                float v = 0.0f;
-                for (int w = 0; w < TC_WARPS; w++) v += tsh[((int64_t)w * 16 + r) * rw + 2 + d] * c[w];
-                dst[d] = v * inv;
-            }
+#pragma unroll
+            for (int i = 0; i < HD / 32; i++) acc[i] *= inv;
+            write_head<HD / 32>(acc, a.out + ((int64_t)t * a.n_heads + h) * HD, HD, lane, CQ, kv.signs);
         } else {
             float *pr = partial + (((int64_t)t * a.n_heads + h) * n_splits + split) * rw;
             if (lane == 0) pr[0] = M, pr[1] = L;
-            for (int d = lane; d < HD; d += 32) {
-                float v = 0.0f;
-                for (int w = 0; w < TC_WARPS; w++) v += tsh[((int64_t)w * 16 + r) * rw + 2 + d] * c[w];
-                pr[2 + d] = v;
-            }
+#pragma unroll
+            for (int i = 0; i < HD / 32; i++) pr[2 + lane + 32 * i] = acc[i];
         }
     }
     if (n_splits > 1 && split_is_last(counters + (int64_t)t * gridDim.y + blockIdx.y, n_splits))
         for (int r = warp; r < G; r += TC_WARPS) {
             const int64_t th = (int64_t)t * a.n_heads + h0 + r;
-            merge_splits<HD / 32>(partial + th * n_splits * rw, n_splits, HD, a.out + th * HD, lane, 0, kv.signs);
+            merge_splits<HD / 32>(partial + th * n_splits * rw, n_splits, HD, a.out + th * HD, lane, CQ, kv.signs);
         }
 }
 
-template <int HD> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f) {
+template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f) {
     const dim3 grid((unsigned)a->n_tokens, (unsigned)a->kv->n_kv_heads, (unsigned)f.n_splits);
-    const size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
-    kn_cuda_launch(be, a->softcap > 0.0f ? k_flash_tc<HD, true> : k_flash_tc<HD, false>, grid, dim3(TC_WARPS * 32),
-                   smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
+    size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
+    if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                  /* the value table */
+    kn_cuda_launch(be, a->softcap > 0.0f ? k_flash_tc<HD, true, CQ> : k_flash_tc<HD, false, CQ>, grid,
+                   dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f) {
+    const int k8v3 = a->kv->k_fmt == KN_KVF_Q8A && a->kv->v_fmt == KN_KVF_TQV3;
+    if (!k8v3 && !(a->kv->k_fmt == KN_KVF_BF16 && a->kv->v_fmt == KN_KVF_BF16)) return 0;
     switch (a->kv->head_dim) {
-    case 64: launch_tc<64>(be, a, f); return 1;
-    case 128: launch_tc<128>(be, a, f); return 1;
+    case 64: k8v3 ? launch_tc<64, true>(be, a, f) : launch_tc<64, false>(be, a, f); return 1;
+    case 128: k8v3 ? launch_tc<128, true>(be, a, f) : launch_tc<128, false>(be, a, f); return 1;
     default: return 0;
     }
 }

@@ -126,6 +126,14 @@ __device__ __forceinline__ void kn_mma_bf16(float *d, const uint32_t *a, uint32_
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* the same over f16 operands (f32 accumulate) */
+__device__ __forceinline__ void kn_mma_f16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* 2^x (ex2.approx: the unit __expf uses after its multiply by log2 e) */
 __device__ __forceinline__ float kn_exp2_approx(float x) {
     float y;

@@ -167,11 +167,11 @@ void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, con
 
 /* Enough blocks to fill the GPU twice over, splitting keys when the batch
  * shape alone does not, and at long contexts enough splits that a warp walks
- * at most ~KVF_WARP_KEYS keys; never more splits than the context bucket
+ * at most ~warp_keys keys (KVF_WARP_KEYS, KVF_TC_WARP_KEYS); never more splits than the context bucket
  * fills with KVF_MIN_SPLIT_KEYS keys each, so the count depends only on the
  * batch shape and the bucket and recorded graphs stay valid as sequences
  * grow. */
-static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int gb) {
+static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int gb, int warp_keys) {
     flash_plan f = {1, NULL, NULL};
     const int hd = a->kv->head_dim;
     const int blocks = a->n_tokens * a->n_heads / gb, target = 2 * kn_cuda_sm_count(be);
@@ -180,9 +180,9 @@ static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int gb
         int max_pos = 0;
         for (int t = 0; t < a->n_tokens; t++) max_pos = a->pos_host[t] > max_pos ? a->pos_host[t] : max_pos;
         const int keys = kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT, by_ctx = keys / KVF_MIN_SPLIT_KEYS;
-        /* long contexts: no more than KVF_WARP_KEYS keys per warp where the
+        /* long contexts: no more than warp_keys keys per warp where the
          * split count allows (each warp walks its keys one batch at a time) */
-        const int by_latency = keys / (KVF_WARPS * KVF_WARP_KEYS);
+        const int by_latency = keys / (KVF_WARPS * warp_keys);
         if (blocks < target && n < by_latency) n = by_latency;
         if (n > by_ctx) n = by_ctx > 0 ? by_ctx : 1;
     }
@@ -199,15 +199,18 @@ void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
     const kn_kv_layer *kv = a->kv;
     const int hd = kv->head_dim, G = a->n_heads / kv->n_kv_heads;
     const int ni = (hd + 31) / 32;
-    static int no_tc = -1; /* KILN_NO_TC_DECODE=1: the CUDA-core kernel for bf16 caches too (A/B runs) */
+    static int no_tc = -1; /* KILN_NO_TC_DECODE=1: the CUDA-core kernel for every cache (A/B runs) */
     if (no_tc < 0) no_tc = getenv("KILN_NO_TC_DECODE") != NULL;
-    if (!no_tc && kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16 && a->compute_dtype == KN_DT_BF16 &&
-        (hd == 64 || hd == 128) && G <= 16 && !((uintptr_t)kv->k & 15) && !((uintptr_t)kv->v & 15) &&
-        kn_flash_decode_tc(be, a, plan_splits(be, a, G)))
+    /* tensor cores: bf16 caches of bf16 models, k8v3 caches of bf16/f16 models */
+    const int tc_bf16 = kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16 && a->compute_dtype == KN_DT_BF16;
+    const int tc_k8v3 = kv->k_fmt == KN_KVF_Q8A && kv->v_fmt == KN_KVF_TQV3 &&
+                        (a->compute_dtype == KN_DT_BF16 || a->compute_dtype == KN_DT_F16);
+    if (!no_tc && (tc_bf16 || tc_k8v3) && (hd == 64 || hd == 128) && G <= 16 && !(kv->block_size & (kv->block_size - 1)) && !((uintptr_t)kv->k & 15) && !((uintptr_t)kv->v & 15) &&
+        kn_flash_decode_tc(be, a, plan_splits(be, a, G, KVF_TC_WARP_KEYS)))
         return;
     int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     if (ni > 8 && gb > 2) gb = 2;
-    const flash_plan f = plan_splits(be, a, gb);
+    const flash_plan f = plan_splits(be, a, gb, KVF_WARP_KEYS);
     const int preset_dim = ni >= 2 && ni <= 8; /* 64 <= head_dim <= 256 */
     if (preset_dim && (kn_flash_decode_plain(be, a, ni, gb, f) || kn_flash_decode_quant(be, a, ni, gb, f) ||
                        kn_flash_decode_tq(be, a, ni, gb, f)))

@@ -57,6 +57,15 @@ __device__ __forceinline__ uint32_t tc_u32(__half2 h) { return *(uint32_t *)&h; 
  * written by earlier kernels only) */
 __device__ __forceinline__ uint4 tc_ld16(const uint8_t *p) { return __ldg((const uint4 *)p); }
 
+/* N 32-bit words of a row from p (16-byte aligned) into w, 16 bytes a load */
+template <int N> __device__ __forceinline__ void tc_ld_words(const uint8_t *p, uint32_t *w) {
+#pragma unroll
+    for (int i = 0; i < N / 4; i++) {
+        const uint4 u = tc_ld16(p + 16 * i);
+        w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
+    }
+}
+
 /* four q8a codes (dims 4m .. 4m + 3 of a row) -> two f16 pairs s (c + z):
  * 0x64xx is the f16 1024 + xx, so c ^ 0x80 becomes 1152 + c exactly, and
  * the fma rounds s (c + z) once (sz = s z rounded to f16) */
@@ -153,11 +162,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                 r.ks[nt] = __ldg((const unsigned short *)p + grp), r.kz[nt] = __ldg((const unsigned short *)p + NG + grp);
                 p += 4 * NG + tq * QD;
                 if constexpr (KB % 16 == 0) {
-#pragma unroll
-                    for (int i = 0; i < CW / 4; i++) {
-                        const uint4 u = tc_ld16(p + 16 * i);
-                        r.kw[nt][4 * i] = u.x, r.kw[nt][4 * i + 1] = u.y, r.kw[nt][4 * i + 2] = u.z, r.kw[nt][4 * i + 3] = u.w;
-                    }
+                    tc_ld_words<CW>(p, r.kw[nt]);
                 } else {
 #pragma unroll
                     for (int i = 0; i < CW / 2; i++) {
@@ -166,12 +171,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                     }
                 }
             } else {
-                p += tq * QD * 2;
-#pragma unroll
-                for (int i = 0; i < KW / 4; i++) {
-                    const uint4 u = tc_ld16(p + 16 * i);
-                    r.kw[nt][4 * i] = u.x, r.kw[nt][4 * i + 1] = u.y, r.kw[nt][4 * i + 2] = u.z, r.kw[nt][4 * i + 3] = u.w;
-                }
+                tc_ld_words<KW>(p + tq * QD * 2, r.kw[nt]);
             }
         }
 #pragma unroll
@@ -185,12 +185,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                 const uint32_t w0 = __ldg(w), w1 = v2w ? __ldg(w + 1) : 0u;
                 r.vc[rr] = (((uint64_t)w1 << 32) | w0) >> vsh;
             } else {
-                p += g * NT * 2;
-#pragma unroll
-                for (int i = 0; i < VW / 4; i++) {
-                    const uint4 u = tc_ld16(p + 16 * i);
-                    r.vw[rr][4 * i] = u.x, r.vw[rr][4 * i + 1] = u.y, r.vw[rr][4 * i + 2] = u.z, r.vw[rr][4 * i + 3] = u.w;
-                }
+                tc_ld_words<VW>(p + g * NT * 2, r.vw[rr]);
             }
         }
     };

@@ -167,10 +167,10 @@ void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, con
 
 /* Enough blocks to fill the GPU twice over, splitting keys when the batch
  * shape alone does not, and at long contexts enough splits that a warp walks
- * at most ~warp_keys keys (KVF_WARP_KEYS, KVF_TC_WARP_KEYS); never more splits than the context bucket
- * fills with KVF_MIN_SPLIT_KEYS keys each, so the count depends only on the
- * batch shape and the bucket and recorded graphs stay valid as sequences
- * grow. */
+ * at most ~warp_keys keys (KVF_WARP_KEYS, KVF_TC_WARP_KEYS); never more
+ * splits than the context bucket fills with KVF_MIN_SPLIT_KEYS keys each, so
+ * the count depends only on the batch shape and the bucket and recorded
+ * graphs stay valid as sequences grow. */
 static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int gb, int warp_keys) {
     flash_plan f = {1, NULL, NULL};
     const int hd = a->kv->head_dim;
@@ -205,8 +205,9 @@ void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
     const int tc_bf16 = kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16 && a->compute_dtype == KN_DT_BF16;
     const int tc_k8v3 = kv->k_fmt == KN_KVF_Q8A && kv->v_fmt == KN_KVF_TQV3 &&
                         (a->compute_dtype == KN_DT_BF16 || a->compute_dtype == KN_DT_F16);
-    if (!no_tc && (tc_bf16 || tc_k8v3) && (hd == 64 || hd == 128) && G <= 16 && !(kv->block_size & (kv->block_size - 1)) && !((uintptr_t)kv->k & 15) && !((uintptr_t)kv->v & 15) &&
-        kn_flash_decode_tc(be, a, plan_splits(be, a, G, KVF_TC_WARP_KEYS)))
+    const int tc_shape = (hd == 64 || hd == 128) && G <= 16 && !(kv->block_size & (kv->block_size - 1)) &&
+                         !((uintptr_t)kv->k & 15) && !((uintptr_t)kv->v & 15);
+    if (!no_tc && (tc_bf16 || tc_k8v3) && tc_shape && kn_flash_decode_tc(be, a, plan_splits(be, a, G, KVF_TC_WARP_KEYS)))
         return;
     int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     if (ni > 8 && gb > 2) gb = 2;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "kv/kv_paged.h"
 #include "test_backend.h"
 #include "test_util.h"
 
@@ -536,15 +537,24 @@ done:
 }
 
 /* rope_kv_write (optional op) against rope followed by kv_write on the same
- * backend (with_norm: per-head q / k RMSNorm first, against rms_norm): the
- * rotated q/k and the cache rows must be identical. */
-static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_dim, int fmt, int with_norm) {
+ * backend (with_norm: per-head q / k RMSNorm first, against rms_norm), into
+ * a cache of format spec (a --kv string): the rotated q/k and the cache rows
+ * must be identical. */
+static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_dim, const char *spec, int with_norm) {
     if (!be->vt->rope_kv_write) return;
+    kn_kv_spec ks;
+    kn_error err = {0};
+    if (kn_kv_spec_parse(spec, 0, &ks, &err)) {
+        CHECK(0, "rope_kv_write: %s", err.msg);
+        return;
+    }
     const int64_t stride = (int64_t)(nq + 2 * nkv) * hd + 3, nslots = 2 * (int64_t)n_tokens + 16;
-    const size_t xb = (size_t)(n_tokens * stride) * 4, esz = fmt == KN_KVF_BF16 ? 2 : 4;
-    const size_t cb = (size_t)(nslots * nkv * hd) * esz;
+    const int64_t n_blocks = (nslots + 15) / 16;
+    const size_t xb = (size_t)(n_tokens * stride) * 4;
+    const size_t kb = (size_t)(n_blocks * 16 * nkv) * kn_kv_row_bytes(ks.k_fmt, hd),
+                 vb = (size_t)(n_blocks * 16 * nkv) * kn_kv_row_bytes(ks.v_fmt, hd), cb = kb + vb;
     float *x = malloc(xb), *xa = malloc(xb), *xf = malloc(xb), inv_freq[256];
-    uint8_t *ca = calloc(2, cb), *cf = calloc(2, cb);
+    uint8_t *ca = calloc(1, cb), *cf = calloc(1, cb);
     int32_t pos[64], slots[64];
     for (int i = 0; i < rot_dim / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / rot_dim);
     for (int t = 0; t < n_tokens; t++) pos[t] = t * 29 % 500, slots[t] = (int32_t)((t * 7 + 3) % nslots);
@@ -562,9 +572,17 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
     const float eps = 1e-6f;
     for (int fused = 0; fused < 2; fused++) {
         float *dx = dev(x, xb);
+        kn_kv_pool *pool = NULL;
+        kn_kv_pool_params pp = {.n_layers = 1, .block_size = 16, .n_blocks = n_blocks, .n_kv_heads = &nkv,
+                                .head_dim = &hd, .spec = &ks};
+        if (kn_kv_pool_create_ex(be, &pp, &pool, &err)) {
+            CHECK(0, "rope_kv_write %s: %s", spec, err.msg);
+            kn_be_free(be, dx);
+            break;
+        }
+        const kn_kv_layer kv = pool->layers[0];
         uint8_t *zero = calloc(1, cb);
-        kn_kv_layer kv = {.k = dev(zero, cb), .v = dev(zero, cb), .block_size = 16, .n_kv_heads = nkv, .head_dim = hd,
-                          .n_blocks = nslots / 16, .k_fmt = fmt, .v_fmt = fmt};
+        kn_be_upload(be, kv.k, zero, kb), kn_be_upload(be, kv.v, zero, vb);
         free(zero);
         const float *dv = dx + (int64_t)(nq + nkv) * hd;
         int done = 1;
@@ -580,19 +598,18 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
             be->vt->kv_write(be, &kv, dx + (int64_t)nq * hd, dv, stride, n_tokens, dslots);
         }
         back(fused ? xf : xa, dx, xb);
-        back((fused ? cf : ca), kv.k, cb);
-        back((fused ? cf : ca) + cb, kv.v, cb);
-        kn_be_free(be, dx), kn_be_free(be, kv.k), kn_be_free(be, kv.v);
+        back((fused ? cf : ca), kv.k, kb);
+        back((fused ? cf : ca) + kb, kv.v, vb);
+        kn_be_free(be, dx), kn_kv_pool_destroy(pool);
         if (!done) { /* declined: nothing to compare */
-            memcpy(xf, xa, xb), memcpy(cf, ca, 2 * cb);
+            memcpy(xf, xa, xb), memcpy(cf, ca, cb);
             break;
         }
     }
     CHECK(!memcmp(xa, xf, xb), "rope_kv_write tokens=%d q=%d kv=%d hd=%d rot=%d norm=%d: q/k differ from rope",
           n_tokens, nq, nkv, hd, rot_dim, with_norm);
-    CHECK(!memcmp(ca, cf, 2 * cb),
-          "rope_kv_write tokens=%d q=%d kv=%d hd=%d rot=%d fmt=%d norm=%d: cache differs from kv_write", n_tokens, nq,
-          nkv, hd, rot_dim, fmt, with_norm);
+    CHECK(!memcmp(ca, cf, cb), "rope_kv_write tokens=%d q=%d kv=%d hd=%d rot=%d kv=%s norm=%d: cache differs from kv_write",
+          n_tokens, nq, nkv, hd, rot_dim, spec, with_norm);
     if (with_norm) kn_be_free(be, qn), kn_be_free(be, kn);
     kn_be_free(be, dfreq), kn_be_free(be, dpos), kn_be_free(be, dslots);
     free(x), free(xa), free(xf), free(ca), free(cf);
@@ -1230,10 +1247,15 @@ int main(void) {
     test_rope(7, 4, 64, 64, 1.0f);
     test_rope(3, 2, 128, 96, 1.2f);
     test_rope(5, 8, 256, 256, 1.0f);
-    test_rope_kv_write(1, 32, 8, 128, 128, KN_KVF_BF16, 0); /* decode, GQA 4 */
-    test_rope_kv_write(9, 6, 2, 64, 32, KN_KVF_F32, 0);     /* partial rotary, heads not a multiple of 4 */
-    test_rope_kv_write(3, 4, 4, 256, 256, KN_KVF_BF16, 0);
-    test_rope_kv_write(2, 4, 2, 64, 64, KN_KVF_Q8, 0);      /* other formats: may decline */
+    test_rope_kv_write(1, 32, 8, 128, 128, "bf16", 0); /* decode, GQA 4 */
+    test_rope_kv_write(9, 6, 2, 64, 32, "f32", 0);     /* partial rotary, heads not a multiple of 4 */
+    test_rope_kv_write(3, 4, 4, 256, 256, "bf16", 0);
+    test_rope_kv_write(2, 4, 2, 64, 64, "q8", 0);           /* other formats: may decline */
+    test_rope_kv_write(1, 32, 8, 128, 128, "k8v3", 0);      /* compressed decode: one warp per head */
+    test_rope_kv_write(5, 8, 2, 64, 64, "tq4", 0);
+    test_rope_kv_write(3, 4, 2, 256, 256, "k4v3", 0);
+    test_rope_kv_write(4, 8, 2, 128, 64, "k8v3", 0);        /* partial rotary: declined */
+    test_rope_kv_write(2, 8, 2, 128, 128, "k8v3", 1);       /* q/k norms: declined */
     int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}, {16, 2}};
     int hds[] = {64, 128, 256};
     for (size_t g = 0; g < 4; g++)
@@ -1308,9 +1330,9 @@ int main(void) {
     test_attention_q(8, 2, 128, 300, 20, 0, 1, KN_DT_F32, 0.0f, KN_KVF_BF16);
     test_attention_q(8, 2, 128, 300, 20, 0, 90, KN_DT_BF16, 0.0f, KN_KVF_BF16);
     /* per-head q / k norms fused into rope_kv_write (Qwen3, Gemma 3) */
-    test_rope_kv_write(1, 32, 4, 128, 128, KN_KVF_BF16, 1);
-    test_rope_kv_write(5, 6, 2, 64, 32, KN_KVF_F32, 1);
-    test_rope_kv_write(2, 8, 4, 256, 256, KN_KVF_BF16, 1);
+    test_rope_kv_write(1, 32, 4, 128, 128, "bf16", 1);
+    test_rope_kv_write(5, 6, 2, 64, 32, "f32", 1);
+    test_rope_kv_write(2, 8, 4, 256, 256, "bf16", 1);
     kn_backend_destroy(be);
     return kn_test_done("test_ops");
 }

@@ -305,9 +305,9 @@ __device__ __forceinline__ void rope_block(float *x, int64_t stride, int n_heads
         for (int h = h0; h < h0 + ROPE_HEADS; h++) {
             if (h >= n_heads) break;
             float *v = x + t * stride + (int64_t)h * head_dim;
-            const float a = v[i], b = v[i + half];
-            v[i] = a * c - b * s;
-            v[i + half] = b * c + a * s;
+            float a = v[i], b = v[i + half];
+            kn_rope_rotate(a, b, c, s);
+            v[i] = a, v[i + half] = b;
         }
     }
 }
@@ -571,9 +571,10 @@ static int cu_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t s
                             const kn_kv_layer *kv, const int32_t *slots, const float *q_norm, const float *k_norm,
                             float eps) {
     const int bf16 = kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16;
-    if (!(bf16 || (kv->k_fmt == KN_KVF_F32 && kv->v_fmt == KN_KVF_F32)) || kv->n_kv_heads != n_kv_heads ||
-        kv->head_dim != head_dim || r->rot_dim < 2 || n_tokens < 1 || !q_norm != !k_norm)
+    if (kv->n_kv_heads != n_kv_heads || kv->head_dim != head_dim || r->rot_dim < 2 || n_tokens < 1 || !q_norm != !k_norm)
         return 0;
+    if (!bf16 && !(kv->k_fmt == KN_KVF_F32 && kv->v_fmt == KN_KVF_F32)) /* compressed rows: cuda_kv.cu */
+        return !q_norm && kn_cuda_rope_kv_write(be, qk, v, stride, n_tokens, n_q_heads, pos, r, kv, slots);
     const int rhalf = r->rot_dim / 2, nh = n_q_heads + n_kv_heads;
     const int threads = q_norm ? (head_dim >= 256 ? 256 : 64) /* cu_rms_norm's */
                                : rhalf >= 128 ? 128 : (rhalf + 31) / 32 * 32;

@@ -34,6 +34,7 @@
 #define KVF_MIN_SPLIT_KEYS 32
 #define KVF_WARP_KEYS 64
 #define KVF_TC_WARP_KEYS 256 /* the tensor-core kernel walks 16 keys a step: longer runs per warp, fewer splits */
+#define KVF_TC_TRANS_KEYS 8192 /* context bucket from which groups <= 8 take the transposed tensor-core form */
 #define KVF_NEG (-1e30f)
 #define KVF_RUNTIME (-1)
 
@@ -345,8 +346,9 @@ int kn_flash_decode_quant(kn_backend *be, const kn_attention_args *a, int ni, in
 int kn_flash_decode_tq(kn_backend *be, const kn_attention_args *a, int ni, int gb, flash_plan f);
 void kn_flash_decode_any(kn_backend *be, const kn_attention_args *a, int ni, int gb, flash_plan f);
 /* bf16 K/V with bf16 compute, head_dim 64/128, at most 16 query heads per KV
- * head, f planned with gb = the whole group (cuda_flash_decode_tc.cu); 0 when
- * not enqueued */
-int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f);
+ * head, f planned with gb = the whole group (cuda_flash_decode_tc.cu); trans:
+ * the transposed form where the group allows it (<= 8 heads); 0 when not
+ * enqueued */
+int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans);
 
 #endif

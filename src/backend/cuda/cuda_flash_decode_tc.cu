@@ -19,6 +19,13 @@
  * [g NT, g NT + NT) of key rows 2t, 2t+1, 2t+8, 2t+9 and pairs rows (a byte
  * permute for bf16), so output column c of n-tile nt is dim c NT + nt.
  *
+ * Groups of at most 8 heads take the transposed form (step_tr): the keys are
+ * the A rows, S^T = K Q^T, and O^T = V^T P^T with P^T turned into the B
+ * fragment by movmatrix. The loads are the same; it takes half the mmas and
+ * half the output accumulators (k8v3 at head dim 128: 168 registers, 3 blocks
+ * per SM, against 224 and 2). The caller picks it for long contexts
+ * (kn_cuda_flash_decode; KILN_TC_TRANS=0 / 1 forces either form).
+ *
  * k8v3 decode: a key quarter lies in one q8a group, so a lane needs one
  * (scale, zero) per row: codes become f16 1024 + 128 + c by one byte permute
  * (exact), then s (c + z) by a subtract and an fma. A value fragment register
@@ -76,10 +83,18 @@ __device__ __forceinline__ void tc_q8_pairs(uint32_t w, __half2 s2, __half2 sz2,
     hi = tc_u32(__hfma2(__hsub2(tc_h2(__byte_perm(x, 0x64646464u, 0x4342)), base), s2, sz2));
 }
 
+/* the transpose of an 8x8 b16 matrix held as an mma fragment (lane (g, t)
+ * holds row g, columns 2t, 2t + 1): afterwards it holds row g of the transpose */
+__device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+
 /* 3-bit code fields: bits 6k .. 6k + 2, k < 8 */
 #define TC_CODE_EVEN 0x1C71C71C71C7ull
 
-template <int HD, bool CAP, bool CQ>
+template <int HD, bool CAP, bool CQ, bool TR>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters) {
     constexpr int KT = HD / 16;   /* QK steps (16 dims each) */
@@ -117,7 +132,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 
     /* Q fragments in the QK dim order: step kk, k index 2tq + e <-> dim
      * tq QD + 4 kk + e, k index 2tq + 8 + e <-> dim tq QD + 4 kk + 2 + e */
-    uint32_t qa[KT][4];
+    uint32_t qa[KT][TR ? 2 : 4]; /* TR: the B fragment, head g (k indices as the keys' A fragment) */
     {
         const bool ra = g < G, rb = g + 8 < G;
         const float *qra = a.q + (int64_t)t * a.q_stride + (int64_t)(h0 + g) * HD + tq * QD;
@@ -125,16 +140,22 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) { /* scalar loads: q rows need not be 16-byte aligned */
             const float *pa = qra + 4 * kk, *pb = qrb + 4 * kk;
+            if constexpr (TR) {
+                qa[kk][0] = ra ? tc_pack<CQ>(pa[0] * qs, pa[1] * qs) : 0u;
+                qa[kk][1] = ra ? tc_pack<CQ>(pa[2] * qs, pa[3] * qs) : 0u;
+                continue;
+            }
             qa[kk][0] = ra ? tc_pack<CQ>(pa[0] * qs, pa[1] * qs) : 0u;
             qa[kk][2] = ra ? tc_pack<CQ>(pa[2] * qs, pa[3] * qs) : 0u;
             qa[kk][1] = rb ? tc_pack<CQ>(pb[0] * qs, pb[1] * qs) : 0u;
             qa[kk][3] = rb ? tc_pack<CQ>(pb[2] * qs, pb[3] * qs) : 0u;
         }
     }
-    float o[NT][4], ol[4] = {0.f, 0.f, 0.f, 0.f};
+    constexpr int OT = TR ? NT / 2 : NT; /* output tiles: TR m-tiles of 16 dims, else n-tiles of 8 */
+    float o[OT][4], ol[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float ma = -INFINITY, mb = -INFINITY; /* raw-score running max of heads g, g + 8 */
+    for (int i = 0; i < OT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float ma = -INFINITY, mb = -INFINITY; /* raw-score running max of heads g, g + 8 (TR: 2tq, 2tq + 1) */
     const int bsh = __ffs(bs) - 1; /* block sizes are powers of two here (kn_cuda_flash_decode) */
     auto row_of = [&](int j) -> int64_t { return ((int64_t)bt[j >> bsh] * bs + (j & (bs - 1))) * nkv + kvh; };
     /* k8v3 value codes of this lane: bytes [vo, vo + 3 NT / 8) of a row (after
@@ -189,87 +210,163 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
             }
         }
     };
-    auto step = [&](int jt, const raw_tile &r) {
-        /* S = Q K^T: s[nt] covers keys jt + nt*8 + 2tq, +1 (heads g, g + 8) */
-        float s[2][4];
+    /* k8v3 values: the two rows' codes interleaved: field k of xe[pr] is
+     * (code 2k of row 2pr, code 2k of row 2pr + 1), of xo[pr] codes 2k + 1;
+     * shifted so that a field lands on the table's word index */
+    struct v_codes {
+        uint64_t xe[2], xo[2];
+        __half2 sc[2];
+    };
+    auto v_unpack = [&](const raw_tile &r) {
+        v_codes c;
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            if constexpr (CQ) {
-                const __half hs = __ushort_as_half(r.ks[nt]);
-                const __half2 s2 = __half2half2(hs);
-                const __half2 sz2 = __float2half2_rn(__half2float(hs) * __half2float(__ushort_as_half(r.kz[nt])));
-#pragma unroll
-                for (int kk = 0; kk < KT; kk++) {
-                    uint32_t b0, b1;
-                    tc_q8_pairs(r.kw[nt][kk], s2, sz2, b0, b1);
-                    kn_mma_f16(s[nt], qa[kk], b0, b1);
-                }
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < KT; kk++) kn_mma_bf16(s[nt], qa[kk], r.kw[nt][2 * kk], r.kw[nt][2 * kk + 1]);
-            }
+        for (int pr = 0; pr < 2; pr++) {
+            const uint64_t c0 = r.vc[2 * pr], c1 = r.vc[2 * pr + 1];
+            c.xe[pr] = ((c0 & TC_CODE_EVEN) | ((c1 << 3) & ~TC_CODE_EVEN)) << 7;
+            c.xo[pr] = (((c0 >> 3) & TC_CODE_EVEN) | (c1 & ~TC_CODE_EVEN)) << 7;
+            c.sc[pr] = __halves2half2(__ushort_as_half(r.vs[2 * pr]), __ushort_as_half(r.vs[2 * pr + 1]));
         }
-        float mxa = -INFINITY, mxb = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[nt][e];
-                if (CAP) v = cap_out * tanhf(v * cap_in); /* v scale = softcap tanh(s scale / softcap) */
-                if (jt + nt * 8 + 2 * tq + (e & 1) >= j1) v = -INFINITY;
-                s[nt][e] = v;
-                if (e < 2) mxa = fmaxf(mxa, v);
-                else mxb = fmaxf(mxb, v);
-            }
-        const kn_softmax_step sm = kn_softmax_rows(mxa, mxb, ma, mb, sl2);
-        const float za = sm.za, zb = sm.zb, aa = sm.aa, ab = sm.ab;
-        uint32_t pf[4]; /* P as the A fragment: keys 2tq.. (n-tile 0) and 2tq + 8.. (n-tile 1) */
-        pf[0] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[0][0], sl2, -za)), kn_exp2_approx(fmaf(s[0][1], sl2, -za)));
-        pf[1] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[0][2], sl2, -zb)), kn_exp2_approx(fmaf(s[0][3], sl2, -zb)));
-        pf[2] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[1][0], sl2, -za)), kn_exp2_approx(fmaf(s[1][1], sl2, -za)));
-        pf[3] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[1][2], sl2, -zb)), kn_exp2_approx(fmaf(s[1][3], sl2, -zb)));
-        if (__any_sync(0xffffffffu, aa != 1.0f || ab != 1.0f)) {
-            ol[0] *= aa, ol[1] *= aa, ol[2] *= ab, ol[3] *= ab;
-#pragma unroll
-            for (int i = 0; i < NT; i++) o[i][0] *= aa, o[i][1] *= aa, o[i][2] *= ab, o[i][3] *= ab;
-        }
-        /* O += P V: n-tile nt's column g is dim g NT + nt; b0 pairs value
-         * rows 2tq, 2tq + 1, b1 rows 2tq + 8, 2tq + 9 */
+        return c;
+    };
+    /* dim g NT + nt of value rows 2tq + 8 pr, + 1, as an f16 pair */
+    auto v_pair = [&](const v_codes &c, int nt, int pr) -> uint32_t {
+        const uint64_t x = nt & 1 ? c.xo[pr] : c.xe[pr];
+        const uint32_t off = ((uint32_t)(x >> (6 * (nt >> 1))) & (63u << 7)) | lane4;
+        return tc_u32(__hmul2(*(const __half2 *)((const char *)tsh + off), c.sc[pr]));
+    };
+    /* the transposed step (G <= 8: the group fits the mma's 8 columns):
+     *   S^T [16 keys x 8 heads] = K Q^T   HD/16 mmas, keys jt + g, jt + g + 8 as A rows
+     *   P^T -> B fragment                  movmatrix transposes each 8x8 half
+     *   O^T [HD x 8 heads] += V^T P^T      HD/16 mmas; m-tile mt row g is dim
+     *                                      g NT + 2 mt, row g + 8 dim g NT + 2 mt + 1
+     * half the mmas and accumulators of the row form; the lane holds heads
+     * 2tq, 2tq + 1 (C columns), so the softmax reduces over g */
+    auto step_tr = [&](int jt, const raw_tile &r) {
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (CQ) {
-            kn_mma_f16(ol, pf, 0x3c003c00u, 0x3c003c00u); /* row sums of the rounded P */
-            /* the two rows' codes interleaved: field k of xe[pr] is (code 2k of
-             * row 2pr, code 2k of row 2pr + 1), of xo[pr] codes 2k + 1; shifted
-             * so that a field lands on the table's word index */
-            uint64_t xe[2], xo[2];
-            __half2 sc[2];
+            __half2 s2[2], sz2[2];
 #pragma unroll
-            for (int pr = 0; pr < 2; pr++) {
-                const uint64_t c0 = r.vc[2 * pr], c1 = r.vc[2 * pr + 1];
-                xe[pr] = ((c0 & TC_CODE_EVEN) | ((c1 << 3) & ~TC_CODE_EVEN)) << 7;
-                xo[pr] = (((c0 >> 3) & TC_CODE_EVEN) | (c1 & ~TC_CODE_EVEN)) << 7;
-                sc[pr] = __halves2half2(__ushort_as_half(r.vs[2 * pr]), __ushort_as_half(r.vs[2 * pr + 1]));
+            for (int nt = 0; nt < 2; nt++) {
+                const __half hs = __ushort_as_half(r.ks[nt]);
+                s2[nt] = __half2half2(hs);
+                sz2[nt] = __float2half2_rn(__half2float(hs) * __half2float(__ushort_as_half(r.kz[nt])));
             }
-            const char *vt = (const char *)tsh;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b[2];
-#pragma unroll
-                for (int pr = 0; pr < 2; pr++) {
-                    const uint64_t x = nt & 1 ? xo[pr] : xe[pr];
-                    const uint32_t off = ((uint32_t)(x >> (6 * (nt >> 1))) & (63u << 7)) | lane4;
-                    b[pr] = tc_u32(__hmul2(*(const __half2 *)(vt + off), sc[pr]));
-                }
-                kn_mma_f16(o[nt], pf, b[0], b[1]);
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t ka[4];
+                tc_q8_pairs(r.kw[0][kk], s2[0], sz2[0], ka[0], ka[2]);
+                tc_q8_pairs(r.kw[1][kk], s2[1], sz2[1], ka[1], ka[3]);
+                kn_mma_f16(s, ka, qa[kk][0], qa[kk][1]);
             }
         } else {
-            kn_mma_bf16(ol, pf, 0x3f803f80u, 0x3f803f80u); /* row sums of the rounded P */
 #pragma unroll
-            for (int i = 0; i < VW; i++) {
-                const uint32_t b0e = __byte_perm(r.vw[0][i], r.vw[1][i], 0x5410), b0o = __byte_perm(r.vw[0][i], r.vw[1][i], 0x7632);
-                const uint32_t b1e = __byte_perm(r.vw[2][i], r.vw[3][i], 0x5410), b1o = __byte_perm(r.vw[2][i], r.vw[3][i], 0x7632);
-                kn_mma_bf16(o[2 * i], pf, b0e, b1e);
-                kn_mma_bf16(o[2 * i + 1], pf, b0o, b1o);
+            for (int kk = 0; kk < KT; kk++) {
+                const uint32_t ka[4] = {r.kw[0][2 * kk], r.kw[1][2 * kk], r.kw[0][2 * kk + 1], r.kw[1][2 * kk + 1]};
+                kn_mma_bf16(s, ka, qa[kk][0], qa[kk][1]);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) { /* s[e]: key jt + g + 8 (e >> 1), head 2tq + (e & 1) */
+            float v = s[e];
+            if (CAP) v = cap_out * tanhf(v * cap_in);
+            if (jt + g + 8 * (e >> 1) >= j1) v = -INFINITY;
+            s[e] = v;
+        }
+        const kn_softmax_step sm = kn_softmax_rows<true>(fmaxf(s[0], s[2]), fmaxf(s[1], s[3]), ma, mb, sl2);
+        const float za = sm.za, zb = sm.zb, aa = sm.aa, ab = sm.ab;
+        const uint32_t pb0 = tc_trans(tc_pack<CQ>(kn_exp2_approx(fmaf(s[0], sl2, -za)), kn_exp2_approx(fmaf(s[1], sl2, -zb))));
+        const uint32_t pb1 = tc_trans(tc_pack<CQ>(kn_exp2_approx(fmaf(s[2], sl2, -za)), kn_exp2_approx(fmaf(s[3], sl2, -zb))));
+        if (__any_sync(0xffffffffu, aa != 1.0f || ab != 1.0f)) {
+            ol[0] *= aa, ol[1] *= ab, ol[2] *= aa, ol[3] *= ab;
+#pragma unroll
+            for (int i = 0; i < OT; i++) o[i][0] *= aa, o[i][1] *= ab, o[i][2] *= aa, o[i][3] *= ab;
+        }
+        const uint32_t one = CQ ? 0x3c003c00u : 0x3f803f80u, ones[4] = {one, one, one, one};
+        if constexpr (CQ) {
+            kn_mma_f16(ol, ones, pb0, pb1); /* column sums of the rounded P^T */
+            const v_codes c = v_unpack(r);
+#pragma unroll
+            for (int mt = 0; mt < OT; mt++) {
+                const uint32_t va[4] = {v_pair(c, 2 * mt, 0), v_pair(c, 2 * mt + 1, 0), v_pair(c, 2 * mt, 1),
+                                        v_pair(c, 2 * mt + 1, 1)};
+                kn_mma_f16(o[mt], va, pb0, pb1);
+            }
+        } else {
+            kn_mma_bf16(ol, ones, pb0, pb1);
+#pragma unroll
+            for (int mt = 0; mt < OT; mt++) {
+                const uint32_t va[4] = {__byte_perm(r.vw[0][mt], r.vw[1][mt], 0x5410),
+                                        __byte_perm(r.vw[0][mt], r.vw[1][mt], 0x7632),
+                                        __byte_perm(r.vw[2][mt], r.vw[3][mt], 0x5410),
+                                        __byte_perm(r.vw[2][mt], r.vw[3][mt], 0x7632)};
+                kn_mma_bf16(o[mt], va, pb0, pb1);
+            }
+        }
+    };
+    auto step = [&](int jt, const raw_tile &r) {
+        if constexpr (TR) {
+            step_tr(jt, r);
+        } else {
+            /* S = Q K^T: s[nt] covers keys jt + nt*8 + 2tq, +1 (heads g, g + 8) */
+            float s[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+                if constexpr (CQ) {
+                    const __half hs = __ushort_as_half(r.ks[nt]);
+                    const __half2 s2 = __half2half2(hs);
+                    const __half2 sz2 = __float2half2_rn(__half2float(hs) * __half2float(__ushort_as_half(r.kz[nt])));
+#pragma unroll
+                    for (int kk = 0; kk < KT; kk++) {
+                        uint32_t b0, b1;
+                        tc_q8_pairs(r.kw[nt][kk], s2, sz2, b0, b1);
+                        kn_mma_f16(s[nt], qa[kk], b0, b1);
+                    }
+                } else {
+#pragma unroll
+                    for (int kk = 0; kk < KT; kk++) kn_mma_bf16(s[nt], qa[kk], r.kw[nt][2 * kk], r.kw[nt][2 * kk + 1]);
+                }
+            }
+            float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[nt][e];
+                    if (CAP) v = cap_out * tanhf(v * cap_in); /* v scale = softcap tanh(s scale / softcap) */
+                    if (jt + nt * 8 + 2 * tq + (e & 1) >= j1) v = -INFINITY;
+                    s[nt][e] = v;
+                    if (e < 2) mxa = fmaxf(mxa, v);
+                    else mxb = fmaxf(mxb, v);
+                }
+            const kn_softmax_step sm = kn_softmax_rows(mxa, mxb, ma, mb, sl2);
+            const float za = sm.za, zb = sm.zb, aa = sm.aa, ab = sm.ab;
+            uint32_t pf[4]; /* P as the A fragment: keys 2tq.. (n-tile 0) and 2tq + 8.. (n-tile 1) */
+            pf[0] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[0][0], sl2, -za)), kn_exp2_approx(fmaf(s[0][1], sl2, -za)));
+            pf[1] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[0][2], sl2, -zb)), kn_exp2_approx(fmaf(s[0][3], sl2, -zb)));
+            pf[2] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[1][0], sl2, -za)), kn_exp2_approx(fmaf(s[1][1], sl2, -za)));
+            pf[3] = tc_pack<CQ>(kn_exp2_approx(fmaf(s[1][2], sl2, -zb)), kn_exp2_approx(fmaf(s[1][3], sl2, -zb)));
+            if (__any_sync(0xffffffffu, aa != 1.0f || ab != 1.0f)) {
+                ol[0] *= aa, ol[1] *= aa, ol[2] *= ab, ol[3] *= ab;
+#pragma unroll
+                for (int i = 0; i < NT; i++) o[i][0] *= aa, o[i][1] *= aa, o[i][2] *= ab, o[i][3] *= ab;
+            }
+            /* O += P V: n-tile nt's column g is dim g NT + nt; b0 pairs value
+             * rows 2tq, 2tq + 1, b1 rows 2tq + 8, 2tq + 9 */
+            if constexpr (CQ) {
+                kn_mma_f16(ol, pf, 0x3c003c00u, 0x3c003c00u); /* row sums of the rounded P */
+                const v_codes c = v_unpack(r);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) kn_mma_f16(o[nt], pf, v_pair(c, nt, 0), v_pair(c, nt, 1));
+            } else {
+                kn_mma_bf16(ol, pf, 0x3f803f80u, 0x3f803f80u); /* row sums of the rounded P */
+#pragma unroll
+                for (int i = 0; i < VW; i++) {
+                    const uint32_t b0e = __byte_perm(r.vw[0][i], r.vw[1][i], 0x5410), b0o = __byte_perm(r.vw[0][i], r.vw[1][i], 0x7632);
+                    const uint32_t b1e = __byte_perm(r.vw[2][i], r.vw[3][i], 0x5410), b1o = __byte_perm(r.vw[2][i], r.vw[3][i], 0x7632);
+                    kn_mma_bf16(o[2 * i], pf, b0e, b1e);
+                    kn_mma_bf16(o[2 * i + 1], pf, b0o, b1o);
+                }
             }
         }
     };
@@ -300,7 +397,18 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
      * in natural dim order (k8v3: once every warp is done with the table) */
     if constexpr (CQ) __syncthreads();
     const int rw = 2 + HD;
-    {
+    if constexpr (TR) { /* heads 2tq, 2tq + 1; dims g NT + 2 mt (+ 1) */
+        float *ra = tsh + ((int64_t)warp * 16 + 2 * tq) * rw, *rb = ra + rw;
+        if (g == 0) {
+            ra[0] = ma == -INFINITY ? KVF_NEG : ma * ss, ra[1] = ol[0];
+            rb[0] = mb == -INFINITY ? KVF_NEG : mb * ss, rb[1] = ol[1];
+        }
+#pragma unroll
+        for (int mt = 0; mt < OT; mt++) {
+            ra[2 + g * NT + 2 * mt] = o[mt][0], ra[2 + g * NT + 2 * mt + 1] = o[mt][2];
+            rb[2 + g * NT + 2 * mt] = o[mt][1], rb[2 + g * NT + 2 * mt + 1] = o[mt][3];
+        }
+    } else {
         float *ra = tsh + ((int64_t)warp * 16 + g) * rw, *rb = ra + 8 * rw;
         if (tq == 0) {
             ra[0] = ma == -INFINITY ? KVF_NEG : ma * ss, ra[1] = ol[0];
@@ -349,20 +457,24 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
 }
 
-template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f) {
+template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
     const dim3 grid((unsigned)a->n_tokens, (unsigned)a->kv->n_kv_heads, (unsigned)f.n_splits);
     size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
     if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                  /* the value table */
-    kn_cuda_launch(be, a->softcap > 0.0f ? k_flash_tc<HD, true, CQ> : k_flash_tc<HD, false, CQ>, grid,
-                   dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
+    const int cap = a->softcap > 0.0f;
+    void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *) =
+        tr ? (cap ? k_flash_tc<HD, true, CQ, true> : k_flash_tc<HD, false, CQ, true>)
+           : (cap ? k_flash_tc<HD, true, CQ, false> : k_flash_tc<HD, false, CQ, false>);
+    kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
 }
 
-int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f) {
+int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans) {
+    trans = trans && a->n_heads / a->kv->n_kv_heads <= 8;
     const int k8v3 = a->kv->k_fmt == KN_KVF_Q8A && a->kv->v_fmt == KN_KVF_TQV3;
     if (!k8v3 && !(a->kv->k_fmt == KN_KVF_BF16 && a->kv->v_fmt == KN_KVF_BF16)) return 0;
     switch (a->kv->head_dim) {
-    case 64: k8v3 ? launch_tc<64, true>(be, a, f) : launch_tc<64, false>(be, a, f); return 1;
-    case 128: k8v3 ? launch_tc<128, true>(be, a, f) : launch_tc<128, false>(be, a, f); return 1;
+    case 64: k8v3 ? launch_tc<64, true>(be, a, f, trans) : launch_tc<64, false>(be, a, f, trans); return 1;
+    case 128: k8v3 ? launch_tc<128, true>(be, a, f, trans) : launch_tc<128, false>(be, a, f, trans); return 1;
     default: return 0;
     }
 }

@@ -74,6 +74,11 @@ int kn_cuda_flash_prefill(kn_backend *be, const kn_attention_args *a, int t0, in
  * prefill chunk gather into [n_kv][ctx][hd] of elem (KN_DT_F32/BF16/F16). */
 void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                       int n_tokens, const int32_t *slots);
+/* RoPE of the n_q query heads and the key heads after them in qk, then the
+ * cache write of the keys and values, in one launch: formats a warp encodes
+ * (q8a, rotated: tq*, tqv*), full rotary, head dim 64/128/256; 0 = declined */
+int kn_cuda_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q,
+                          const int32_t *pos, const kn_rope_table *r, const kn_kv_layer *kv, const int32_t *slots);
 void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a);
 void kn_cuda_kv_gather(kn_backend *be, const kn_kv_layer *kv, const int32_t *bt, int k0, int ctx, void *kc, void *vc,
                        int elem);
@@ -134,6 +139,13 @@ __device__ __forceinline__ void kn_mma_f16(float *d, const uint32_t *a, uint32_t
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* one RoPE rotation of the pair (a, b) by (c, s) = (cos, sin) x scale, with
+ * explicit roundings: every kernel that rotates gets the same bits */
+__device__ __forceinline__ void kn_rope_rotate(float &a, float &b, float c, float s) {
+    const float x = __fmaf_rn(a, c, -__fmul_rn(b, s)), y = __fmaf_rn(b, c, __fmul_rn(a, s));
+    a = x, b = y;
+}
+
 /* 2^x (ex2.approx: the unit __expf uses after its multiply by log2 e) */
 __device__ __forceinline__ float kn_exp2_approx(float x) {
     float y;
@@ -143,7 +155,8 @@ __device__ __forceinline__ float kn_exp2_approx(float x) {
 
 /* Online softmax over the two rows (g and g + 8) of an mma C fragment, for
  * the flash kernels: mxa / mxb are this lane's maxima of a tile's raw scores
- * (the 4 lanes of a quad share rows, reduced here), ma / mb the running raw
+ * (the 4 lanes of a quad share rows, reduced here; with COLS the two columns
+ * 2t, 2t + 1 instead, shared by the 8 lanes of equal t), ma / mb the running raw
  * maxima, updated. Probabilities are 2^(s sl2 - z) with z the returned za /
  * zb (0 for a row with every key masked so far, so nothing is NaN); the
  * sums and outputs so far are to be multiplied by aa / ab (exactly 1 when a
@@ -151,11 +164,13 @@ __device__ __forceinline__ float kn_exp2_approx(float x) {
 struct kn_softmax_step {
     float za, zb, aa, ab;
 };
+template <bool COLS = false>
 __device__ __forceinline__ kn_softmax_step kn_softmax_rows(float mxa, float mxb, float &ma, float &mb, float sl2) {
-    mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
-    mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
-    mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
-    mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+#pragma unroll
+    for (int x = COLS ? 4 : 1; x < (COLS ? 32 : 4); x <<= 1) {
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, x));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, x));
+    }
     const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
     kn_softmax_step r;
     r.za = na == -INFINITY ? 0.0f : na * sl2, r.zb = nb == -INFINITY ? 0.0f : nb * sl2;

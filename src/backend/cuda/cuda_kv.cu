@@ -63,11 +63,9 @@ __device__ __forceinline__ void put_group_codes(uint8_t *codes, int i, int b, un
     if (lane < 4 * b) codes[i * 4 * b + lane] = (uint8_t)(word[lane >> 2] >> (8 * (lane & 3)));
 }
 
+/* the row's elements d = lane + 32 i in y (zero past D) -> row */
 template <int NI>
-__device__ void encode_row_warp(int f, const float *x, int D, uint8_t *row, const kn_kv_aux *aux, int lane) {
-    float y[NI];
-#pragma unroll
-    for (int i = 0; i < NI; i++) y[i] = lane + 32 * i < D ? x[lane + 32 * i] : 0.0f;
+__device__ void encode_vals_warp(int f, float (&y)[NI], int D, uint8_t *row, const kn_kv_aux *aux, int lane) {
     const int ng = D / 32;
     if (f == KN_KVF_F32 || f == KN_KVF_BF16) {
 #pragma unroll
@@ -133,6 +131,14 @@ __device__ void encode_row_warp(int f, const float *x, int D, uint8_t *row, cons
     }
 }
 
+template <int NI>
+__device__ void encode_row_warp(int f, const float *x, int D, uint8_t *row, const kn_kv_aux *aux, int lane) {
+    float y[NI];
+#pragma unroll
+    for (int i = 0; i < NI; i++) y[i] = lane + 32 * i < D ? x[lane + 32 * i] : 0.0f;
+    encode_vals_warp<NI>(f, y, D, row, aux, lane);
+}
+
 /* one warp per (token, KV head) row: its key, then its value */
 template <int NI>
 __global__ void k_kv_write_warp(kn_kv_layer kv, const float *k, const float *v, int64_t stride, int n_rows,
@@ -151,6 +157,60 @@ __global__ void k_kv_write_warp(kn_kv_layer kv, const float *k, const float *v, 
                         (uint8_t *)kv.v + row * kn_kv_row_bytes(kv.v_fmt, D), &av, lane);
 }
 
+/* RoPE and the cache write in one launch, for the formats a warp encodes: a
+ * warp per (token, head) of the n_q query heads and the key heads that follow
+ * them in x. It rotates the head in registers (full rotary over D = 32 NI:
+ * the pair d, d + D/2 is in one lane, elements i and i + NI/2; rope_block's
+ * arithmetic), writes it back, and a key head's warp then encodes the
+ * rotated key and its value head as k_kv_write_warp does. */
+template <int NI>
+__global__ void k_rope_kv_write_warp(kn_kv_layer kv, float *x, const float *v, int64_t stride, int n_tokens, int n_q,
+                                     const int32_t *pos, const float *inv_freq, float scale, const int32_t *slots) {
+    kn_pdl_trigger();
+    kn_pdl_wait();
+    const int nkv = kv.n_kv_heads, nh = n_q + nkv, D = 32 * NI;
+    const int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (i >= n_tokens * nh) return;
+    const int t = i / nh, h = i % nh;
+    float *xr = x + t * stride + (int64_t)h * D, y[NI];
+#pragma unroll
+    for (int e = 0; e < NI; e++) y[e] = xr[lane + 32 * e];
+    const float p = (float)pos[t];
+#pragma unroll
+    for (int e = 0; e < NI / 2; e++) {
+        float sn, c;
+        sincosf(p * inv_freq[lane + 32 * e], &sn, &c);
+        c *= scale, sn *= scale;
+        kn_rope_rotate(y[e], y[e + NI / 2], c, sn);
+    }
+#pragma unroll
+    for (int e = 0; e < NI; e++) xr[lane + 32 * e] = y[e];
+    if (h < n_q) return;
+    const int hk = h - n_q;
+    const kn_kv_aux ak = {kv.k_tab, kv.signs, kv.k_scale ? kv.k_scale[hk] : 1.0f};
+    const kn_kv_aux av = {kv.v_tab, kv.signs, kv.v_scale ? kv.v_scale[hk] : 1.0f};
+    const int64_t row = (int64_t)slots[t] * nkv + hk;
+    encode_vals_warp<NI>(kv.k_fmt, y, D, (uint8_t *)kv.k + row * kn_kv_row_bytes(kv.k_fmt, D), &ak, lane);
+    encode_row_warp<NI>(kv.v_fmt, v + t * stride + (int64_t)hk * D, D,
+                        (uint8_t *)kv.v + row * kn_kv_row_bytes(kv.v_fmt, D), &av, lane);
+}
+
+int kn_cuda_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q,
+                          const int32_t *pos, const kn_rope_table *r, const kn_kv_layer *kv, const int32_t *slots) {
+    const int D = kv->head_dim, rows = n_tokens * (n_q + kv->n_kv_heads);
+    if (r->rot_dim != D || !warp_encodes(kv->k_fmt, D) || !warp_encodes(kv->v_fmt, D) || n_tokens < 1) return 0;
+    const dim3 grid((unsigned)((rows + 3) / 4)), block(128);
+    switch (D) {
+    case 64: kn_cuda_launch(be, k_rope_kv_write_warp<2>, grid, block, 0, *kv, qk, v, stride, n_tokens, n_q, pos,
+                            r->inv_freq, r->attn_scale, slots); return 1;
+    case 128: kn_cuda_launch(be, k_rope_kv_write_warp<4>, grid, block, 0, *kv, qk, v, stride, n_tokens, n_q, pos,
+                             r->inv_freq, r->attn_scale, slots); return 1;
+    case 256: kn_cuda_launch(be, k_rope_kv_write_warp<8>, grid, block, 0, *kv, qk, v, stride, n_tokens, n_q, pos,
+                             r->inv_freq, r->attn_scale, slots); return 1;
+    default: return 0;
+    }
+}
+
 void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                       int n_tokens, const int32_t *slots) {
     const int rows = n_tokens * kv->n_kv_heads, D = kv->head_dim;
@@ -165,21 +225,28 @@ void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, con
     k_kv_write_fmt<<<(rows + 63) / 64, 64, 0, kn_cuda_stream(be)>>>(*kv, k, v, stride, rows, slots);
 }
 
-/* Enough blocks to fill the GPU twice over, splitting keys when the batch
+/* the keys of the batch's context bucket; 0 when positions are not on the host */
+static int ctx_keys(const kn_attention_args *a) {
+    if (!a->pos_host) return 0;
+    int max_pos = 0;
+    for (int t = 0; t < a->n_tokens; t++) max_pos = a->pos_host[t] > max_pos ? a->pos_host[t] : max_pos;
+    return kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT;
+}
+
+/* Enough blocks to fill the GPU per_sm times over, splitting keys when the batch
  * shape alone does not, and at long contexts enough splits that a warp walks
  * at most ~warp_keys keys (KVF_WARP_KEYS, KVF_TC_WARP_KEYS); never more
  * splits than the context bucket fills with KVF_MIN_SPLIT_KEYS keys each, so
  * the count depends only on the batch shape and the bucket and recorded
  * graphs stay valid as sequences grow. */
-static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int gb, int warp_keys) {
+
+static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int gb, int warp_keys, int per_sm) {
     flash_plan f = {1, NULL, NULL};
     const int hd = a->kv->head_dim;
-    const int blocks = a->n_tokens * a->n_heads / gb, target = 2 * kn_cuda_sm_count(be);
+    const int blocks = a->n_tokens * a->n_heads / gb, target = per_sm * kn_cuda_sm_count(be);
     int n = blocks >= target ? 1 : (target + blocks - 1) / blocks;
     if (a->pos_host) {
-        int max_pos = 0;
-        for (int t = 0; t < a->n_tokens; t++) max_pos = a->pos_host[t] > max_pos ? a->pos_host[t] : max_pos;
-        const int keys = kn_ctx_bucket(max_pos) << KN_CTX_BUCKET_SHIFT, by_ctx = keys / KVF_MIN_SPLIT_KEYS;
+        const int keys = ctx_keys(a), by_ctx = keys / KVF_MIN_SPLIT_KEYS;
         /* long contexts: no more than warp_keys keys per warp where the
          * split count allows (each warp walks its keys one batch at a time) */
         const int by_latency = keys / (KVF_WARPS * warp_keys);
@@ -207,11 +274,23 @@ void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
                         (a->compute_dtype == KN_DT_BF16 || a->compute_dtype == KN_DT_F16);
     const int tc_shape = (hd == 64 || hd == 128) && G <= 16 && !(kv->block_size & (kv->block_size - 1)) &&
                          !((uintptr_t)kv->k & 15) && !((uintptr_t)kv->v & 15);
-    if (!no_tc && (tc_bf16 || tc_k8v3) && tc_shape && kn_flash_decode_tc(be, a, plan_splits(be, a, G, KVF_TC_WARP_KEYS)))
+    /* long contexts take the transposed form (groups <= 8), short ones the
+     * row form: Llama-3-8B shape, bf16 KV, 128 tokens 238.3 (row) against
+     * 230.8 tok/s (transposed); 32k 185.7 (transposed, 4 blocks per SM)
+     * against 180.6 (row, 2); the crossover between 1k and 32k is not
+     * measured. The transposed bf16 kernel (128 registers) fits 4 blocks per
+     * SM and gains from them (32k: 175.9 -> 185.6); k8v3 loses from more,
+     * shorter splits (171.2 -> 163.3 at 3), so it keeps 2. */
+    static int tr_mode = -2; /* KILN_TC_TRANS=0 / 1: the row / transposed form at every context (tests, A/B) */
+    if (tr_mode == -2) tr_mode = getenv("KILN_TC_TRANS") ? atoi(getenv("KILN_TC_TRANS")) != 0 : -1;
+    const int tc_trans = G <= 8 && (tr_mode >= 0 ? tr_mode : ctx_keys(a) >= KVF_TC_TRANS_KEYS);
+    const int tc_per_sm = tc_bf16 && tc_trans ? 4 : 2;
+    if (!no_tc && (tc_bf16 || tc_k8v3) && tc_shape &&
+        kn_flash_decode_tc(be, a, plan_splits(be, a, G, KVF_TC_WARP_KEYS, tc_per_sm), tc_trans))
         return;
     int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     if (ni > 8 && gb > 2) gb = 2;
-    const flash_plan f = plan_splits(be, a, gb, KVF_WARP_KEYS);
+    const flash_plan f = plan_splits(be, a, gb, KVF_WARP_KEYS, 2);
     const int preset_dim = ni >= 2 && ni <= 8; /* 64 <= head_dim <= 256 */
     if (preset_dim && (kn_flash_decode_plain(be, a, ni, gb, f) || kn_flash_decode_quant(be, a, ni, gb, f) ||
                        kn_flash_decode_tq(be, a, ni, gb, f)))

@@ -83,6 +83,13 @@ __device__ __forceinline__ void tc_q8_pairs(uint32_t w, __half2 s2, __half2 sz2,
     hi = tc_u32(__hfma2(__hsub2(tc_h2(__byte_perm(x, 0x64646464u, 0x4342)), base), s2, sz2));
 }
 
+/* a q8a row's scale s and s z (f16 bits ks, kz) as the pairs tc_q8_pairs takes */
+__device__ __forceinline__ void tc_q8_scale(uint16_t ks, uint16_t kz, __half2 &s2, __half2 &sz2) {
+    const __half hs = __ushort_as_half(ks);
+    s2 = __half2half2(hs);
+    sz2 = __float2half2_rn(__half2float(hs) * __half2float(__ushort_as_half(kz)));
+}
+
 /* the transpose of an 8x8 b16 matrix held as an mma fragment (lane (g, t)
  * holds row g, columns 2t, 2t + 1): afterwards it holds row g of the transpose */
 __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
@@ -246,11 +253,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         if constexpr (CQ) {
             __half2 s2[2], sz2[2];
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const __half hs = __ushort_as_half(r.ks[nt]);
-                s2[nt] = __half2half2(hs);
-                sz2[nt] = __float2half2_rn(__half2float(hs) * __half2float(__ushort_as_half(r.kz[nt])));
-            }
+            for (int nt = 0; nt < 2; nt++) tc_q8_scale(r.ks[nt], r.kz[nt], s2[nt], sz2[nt]);
 #pragma unroll
             for (int kk = 0; kk < KT; kk++) {
                 uint32_t ka[4];
@@ -313,9 +316,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
             for (int nt = 0; nt < 2; nt++) {
                 s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
                 if constexpr (CQ) {
-                    const __half hs = __ushort_as_half(r.ks[nt]);
-                    const __half2 s2 = __half2half2(hs);
-                    const __half2 sz2 = __float2half2_rn(__half2float(hs) * __half2float(__ushort_as_half(r.kz[nt])));
+                    __half2 s2, sz2;
+                    tc_q8_scale(r.ks[nt], r.kz[nt], s2, sz2);
 #pragma unroll
                     for (int kk = 0; kk < KT; kk++) {
                         uint32_t b0, b1;

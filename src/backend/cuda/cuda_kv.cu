@@ -238,15 +238,15 @@ static int ctx_keys(const kn_attention_args *a) {
  * at most ~warp_keys keys (KVF_WARP_KEYS, KVF_TC_WARP_KEYS); never more
  * splits than the context bucket fills with KVF_MIN_SPLIT_KEYS keys each, so
  * the count depends only on the batch shape and the bucket and recorded
- * graphs stay valid as sequences grow. */
-
-static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int gb, int warp_keys, int per_sm) {
+ * graphs stay valid as sequences grow. keys: ctx_keys (0: the batch shape
+ * alone decides). */
+static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int keys, int gb, int warp_keys, int per_sm) {
     flash_plan f = {1, NULL, NULL};
     const int hd = a->kv->head_dim;
     const int blocks = a->n_tokens * a->n_heads / gb, target = per_sm * kn_cuda_sm_count(be);
     int n = blocks >= target ? 1 : (target + blocks - 1) / blocks;
-    if (a->pos_host) {
-        const int keys = ctx_keys(a), by_ctx = keys / KVF_MIN_SPLIT_KEYS;
+    if (keys > 0) {
+        const int by_ctx = keys / KVF_MIN_SPLIT_KEYS;
         /* long contexts: no more than warp_keys keys per warp where the
          * split count allows (each warp walks its keys one batch at a time) */
         const int by_latency = keys / (KVF_WARPS * warp_keys);
@@ -283,14 +283,15 @@ void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
      * shorter splits (171.2 -> 163.3 at 3), so it keeps 2. */
     static int tr_mode = -2; /* KILN_TC_TRANS=0 / 1: the row / transposed form at every context (tests, A/B) */
     if (tr_mode == -2) tr_mode = getenv("KILN_TC_TRANS") ? atoi(getenv("KILN_TC_TRANS")) != 0 : -1;
-    const int tc_trans = G <= 8 && (tr_mode >= 0 ? tr_mode : ctx_keys(a) >= KVF_TC_TRANS_KEYS);
+    const int keys = ctx_keys(a);
+    const int tc_trans = G <= 8 && (tr_mode >= 0 ? tr_mode : keys >= KVF_TC_TRANS_KEYS);
     const int tc_per_sm = tc_bf16 && tc_trans ? 4 : 2;
     if (!no_tc && (tc_bf16 || tc_k8v3) && tc_shape &&
-        kn_flash_decode_tc(be, a, plan_splits(be, a, G, KVF_TC_WARP_KEYS, tc_per_sm), tc_trans))
+        kn_flash_decode_tc(be, a, plan_splits(be, a, keys, G, KVF_TC_WARP_KEYS, tc_per_sm), tc_trans))
         return;
     int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     if (ni > 8 && gb > 2) gb = 2;
-    const flash_plan f = plan_splits(be, a, gb, KVF_WARP_KEYS, 2);
+    const flash_plan f = plan_splits(be, a, keys, gb, KVF_WARP_KEYS, 2);
     const int preset_dim = ni >= 2 && ni <= 8; /* 64 <= head_dim <= 256 */
     if (preset_dim && (kn_flash_decode_plain(be, a, ni, gb, f) || kn_flash_decode_quant(be, a, ni, gb, f) ||
                        kn_flash_decode_tq(be, a, ni, gb, f)))

@@ -345,8 +345,8 @@ int kn_flash_decode_plain(kn_backend *be, const kn_attention_args *a, int ni, in
 int kn_flash_decode_quant(kn_backend *be, const kn_attention_args *a, int ni, int gb, flash_plan f);
 int kn_flash_decode_tq(kn_backend *be, const kn_attention_args *a, int ni, int gb, flash_plan f);
 void kn_flash_decode_any(kn_backend *be, const kn_attention_args *a, int ni, int gb, flash_plan f);
-/* bf16 K/V with bf16 compute, head_dim 64/128, at most 16 query heads per KV
- * head, f planned with gb = the whole group (cuda_flash_decode_tc.cu); trans:
+/* bf16 K/V with bf16 compute and k8v3 with bf16/f16 compute, head_dim 64/128,
+ * at most 16 query heads per KV head, f planned with gb = the whole group (cuda_flash_decode_tc.cu); trans:
  * the transposed form where the group allows it (<= 8 heads); 0 when not
  * enqueued */
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans);

@@ -45,7 +45,7 @@
  * and every other format keep the CUDA-core kernel (exact f32 dot products). */
 #include "backend/cuda/cuda_flash_decode.cuh"
 
-#define TC_WARPS 4
+#define TC_WARPS 4 /* warps per block (KILN_TC_WARPS=6 / 8 tries more for k8v3) */
 #define TC_KEYS 16 /* keys per warp step */
 
 /* two floats as one operand register (lo in the low half): bf16 or f16 */
@@ -101,8 +101,8 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 /* 3-bit code fields: bits 6k .. 6k + 2, k < 8 */
 #define TC_CODE_EVEN 0x1C71C71C71C7ull
 
-template <int HD, bool CAP, bool CQ, bool TR>
-__global__ void __launch_bounds__(TC_WARPS * 32)
+template <int HD, bool CAP, bool CQ, bool TR, int W>
+__global__ void __launch_bounds__(W * 32, W >= 8 ? 2 : 0) /* 8 warps: 2 blocks per SM */
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters) {
     constexpr int KT = HD / 16;   /* QK steps (16 dims each) */
     constexpr int NT = HD / 8;    /* PV n-tiles (8 dims each) */
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     constexpr int NG = HD / 32;   /* k8v3: scale groups per row */
     constexpr int CW = QD / 4;    /* k8v3: words of q8a codes per lane in QK */
     constexpr int64_t KB = CQ ? HD + 4 * NG : 2 * HD, VB = CQ ? 2 * NG + 3 * HD / 8 : 2 * HD; /* row bytes */
-    extern __shared__ float tsh[]; /* [TC_WARPS][16][2 + HD]; k8v3: the value table first */
+    extern __shared__ float tsh[]; /* [W][16][2 + HD]; k8v3: the value table first */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     kn_pdl_trigger();
     if constexpr (CQ) { /* value table: entry i (codes i & 7 of row 2t, i >> 3 of row 2t + 1) at word 32 i + lane */
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         if (threadIdx.x < 8) cent[threadIdx.x] = kv.v_tab[threadIdx.x];
         __syncthreads();
         uint32_t *vt = (uint32_t *)tsh;
-        for (int i = threadIdx.x; i < 64 * 32; i += TC_WARPS * 32) vt[i] = tc_pack<true>(cent[(i >> 5) & 7], cent[i >> 8]);
+        for (int i = threadIdx.x; i < 64 * 32; i += W * 32) vt[i] = tc_pack<true>(cent[(i >> 5) & 7], cent[i >> 8]);
         __syncthreads();
     }
     kn_pdl_wait();
@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     };
     /* k8v3 rows carry few bytes per tile, so each warp keeps the next tile's
      * loads in flight while it decodes and multiplies the current one */
-    const int jstep = TC_WARPS * TC_KEYS;
+    const int jstep = W * TC_KEYS;
     int jt = j0 + warp * TC_KEYS;
     if constexpr (CQ) { /* two buffers in turn (no copies) */
         raw_tile ra, rb;
@@ -423,11 +423,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
     }
     __syncthreads();
-    for (int r = warp; r < G; r += TC_WARPS) { /* a warp per head */
+    for (int r = warp; r < G; r += W) { /* a warp per head */
         float M = KVF_NEG;
-        for (int w = 0; w < TC_WARPS; w++) M = fmaxf(M, tsh[((int64_t)w * 16 + r) * rw]);
-        float L = 0.0f, c[TC_WARPS];
-        for (int w = 0; w < TC_WARPS; w++) {
+        for (int w = 0; w < W; w++) M = fmaxf(M, tsh[((int64_t)w * 16 + r) * rw]);
+        float L = 0.0f, c[W];
+        for (int w = 0; w < W; w++) {
             const float *rr = tsh + ((int64_t)w * 16 + r) * rw;
             c[w] = expf(rr[0] - M);
             L += rr[1] * c[w];
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < HD / 32; i++) {
             float v = 0.0f;
-            for (int w = 0; w < TC_WARPS; w++) v += tsh[((int64_t)w * 16 + r) * rw + 2 + lane + 32 * i] * c[w];
+            for (int w = 0; w < W; w++) v += tsh[((int64_t)w * 16 + r) * rw + 2 + lane + 32 * i] * c[w];
             acc[i] = v;
         }
         if (n_splits == 1) {
@@ -453,21 +453,48 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
     }
     if (n_splits > 1 && split_is_last(counters + (int64_t)t * gridDim.y + blockIdx.y, n_splits))
-        for (int r = warp; r < G; r += TC_WARPS) {
+        for (int r = warp; r < G; r += W) {
             const int64_t th = (int64_t)t * a.n_heads + h0 + r;
             merge_splits<HD / 32>(partial + th * n_splits * rw, n_splits, HD, a.out + th * HD, lane, CQ, kv.signs);
         }
 }
 
-template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
+/* 0 when the block's shared memory cannot be had (W > 4 only) */
+template <int HD, bool CQ, int W>
+static int launch_tc_w(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
     const dim3 grid((unsigned)a->n_tokens, (unsigned)a->kv->n_kv_heads, (unsigned)f.n_splits);
-    size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
-    if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                  /* the value table */
+    size_t smem = (size_t)W * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128, 4 warps */
+    if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;           /* the value table */
     const int cap = a->softcap > 0.0f;
     void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *) =
-        tr ? (cap ? k_flash_tc<HD, true, CQ, true> : k_flash_tc<HD, false, CQ, true>)
-           : (cap ? k_flash_tc<HD, true, CQ, false> : k_flash_tc<HD, false, CQ, false>);
-    kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
+        tr ? (cap ? k_flash_tc<HD, true, CQ, true, W> : k_flash_tc<HD, false, CQ, true, W>)
+           : (cap ? k_flash_tc<HD, true, CQ, false, W> : k_flash_tc<HD, false, CQ, false, W>);
+    static int opted[4]; /* per instantiation and variant: more than 48 KB asked for once */
+    if (smem > (48 << 10) && !opted[2 * tr + cap]) {
+        if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        opted[2 * tr + cap] = 1;
+    }
+    kn_cuda_launch(be, k, grid, dim3(W * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
+    return 1;
+}
+
+template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
+    if constexpr (!CQ) {
+        launch_tc_w<HD, false, TC_WARPS>(be, a, f, tr);
+    } else {
+        /* KILN_TC_WARPS=6 / 8: warps per block of the k8v3 kernel, for A/B
+         * runs of more warps per SM at the same split count (8: at most 128
+         * registers, 2 blocks per SM). Not yet run on a GPU; 4 is the
+         * measured kernel. */
+        static int w = -1;
+        if (w < 0) w = getenv("KILN_TC_WARPS") ? atoi(getenv("KILN_TC_WARPS")) : TC_WARPS;
+        if (w >= 8 && launch_tc_w<HD, true, 8>(be, a, f, tr)) return;
+        if (w >= 6 && w < 8 && launch_tc_w<HD, true, 6>(be, a, f, tr)) return;
+        launch_tc_w<HD, true, TC_WARPS>(be, a, f, tr);
+    }
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans) {

@@ -61,7 +61,7 @@ def main():
     names = demangle(sorted({r["name"] for r in rows}))
     ks = [(int(r["start_ns"]), int(r["end_ns"]), short(names[r["name"]]), int(r["graph"]), r) for r in rows]
     graphed = [k for k in ks if k[3] != 0]
-    sel = sorted(graphed or ks)
+    sel = sorted(graphed or ks, key=lambda k: (k[0], k[1]))  # by time only: the row dicts do not compare
     steps = sum(1 for k in sel if k[2].startswith(args.step_kernel)) or 1
 
     stats = defaultdict(lambda: [0, 0.0, 0.0, 0.0])  # calls, duration, exposed, overlap (ns)

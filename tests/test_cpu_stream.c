@@ -1,7 +1,9 @@
 /* test_cpu_stream.c — kn_cpu_stream_rows (cpu_stream.h): every row of every
  * shape is handed out exactly once, ranges hold even row counts except at
  * the end, and when one thread is slow the others take its chunks (from
- * the back of its range). */
+ * the back of its range). The slow thread waits in its first chunk until
+ * another thread has taken a chunk of its range (bounded), so the stealing
+ * check does not depend on how the OS schedules a busy machine's threads. */
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,24 +17,41 @@ typedef struct {
     _Atomic int *count;    /* times each row was handed out */
     _Atomic int *by;       /* thread that computed each row */
     _Atomic int bad_range; /* a range that was empty, reversed or odd inside */
-    int slow_thread;       /* this thread spins ~0.2 ms per chunk (-1: none) */
+    int slow_thread;       /* this thread is slow (-1: none) */
+    _Atomic int stolen;    /* another thread has computed a row of the slow thread's range */
+    _Atomic int waited;    /* the slow thread has had its first chunk's wait */
 } job;
+
+static int64_t elapsed_ns(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0->tv_sec) * 1000000000L + (t.tv_nsec - t0->tv_nsec);
+}
 
 static void visit(void *ctx, int64_t n0, int64_t n1) {
     job *j = ctx;
     if (!(n0 < n1) || n0 < 0 || n1 > j->n_rows || ((n1 - n0) % 2 && n1 != j->n_rows)) atomic_store(&j->bad_range, 1);
     const int me = omp_get_thread_num();
     if (me == j->slow_thread) {
-        struct timespec t0, t;
+        /* first chunk: until another thread steals from this range (at most
+         * 10 s, so a broken stealer fails the check rather than hanging);
+         * later chunks: ~0.2 ms each */
+        struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        do clock_gettime(CLOCK_MONOTONIC, &t);
-        while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 200000L);
-    }
+        if (!atomic_exchange(&j->waited, 1) && omp_get_num_threads() >= 2)
+            while (!atomic_load(&j->stolen) && elapsed_ns(&t0) < 10000000000L) {
+            }
+        else
+            while (elapsed_ns(&t0) < 200000L) {
+            }
+    } else if (j->slow_thread >= 0 && n0 < j->n_rows / 2)
+        atomic_store(&j->stolen, 1);
     for (int64_t r = n0; r < n1 && r < j->n_rows && r >= 0; r++) atomic_fetch_add(&j->count[r], 1), j->by[r] = me;
 }
 
 static void check(int nt, int64_t n_rows, int64_t row_bytes, int slow) {
     job j = {.n_rows = n_rows, .slow_thread = slow};
+    atomic_init(&j.stolen, 0), atomic_init(&j.waited, 0);
     j.count = calloc((size_t)n_rows + 1, sizeof *j.count);
     j.by = calloc((size_t)n_rows + 1, sizeof *j.by);
     atomic_init(&j.bad_range, 0);
@@ -57,6 +76,7 @@ int main(void) {
      * rows of range 0 that thread 1 computed are range 0's last ones */
     const int64_t n = 2048, rb = 2048; /* 64 rows per chunk, 16 chunks per range */
     job j = {.n_rows = n, .slow_thread = 0};
+    atomic_init(&j.stolen, 0), atomic_init(&j.waited, 0);
     j.count = calloc(n, sizeof *j.count), j.by = calloc(n, sizeof *j.by);
     atomic_init(&j.bad_range, 0);
     kn_cpu_stream_rows(2, n, rb, visit, &j);

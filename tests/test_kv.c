@@ -1,5 +1,7 @@
 /* test_kv.c — paged KV pool: block accounting, slot mapping, exhaustion
- * leaves state unchanged, release returns every block. */
+ * leaves state unchanged, release returns every block; a sliding-window
+ * ring beside the pool, with and without delayed conversion. */
+#include <math.h>
 #include <string.h>
 
 #include "kv/kv_paged.h"
@@ -65,7 +67,8 @@ int main(void) {
     CHECK(p->n_free == 20 && p->ring->n_free == 5, "all blocks back (main %lld, ring %lld)", (long long)p->n_free,
           (long long)p->ring->n_free);
     kn_kv_pool_destroy(p);
-    /* delayed conversion (--kv-start) and a ring do not combine: refused, no ring built */
+    /* delayed conversion (--kv-start 32) with a ring of 3 blocks per sequence: ring entries below
+     * 32 / 16 = 2 stage (a staging block of the ring pool plus its compressed block), the third does not */
     kn_kv_spec ks;
     CHECK(kn_kv_spec_parse("q8", 0, &ks, &err) == KN_OK, "spec: %s", err.msg);
     ks.kv_start = 32;
@@ -74,11 +77,62 @@ int main(void) {
                             .spec = &ks, .n_stage_blocks = 4};
     CHECK(kn_kv_pool_create_ex(be, &pp, &p, &err) == KN_OK, "staged pool: %s", err.msg);
     if (p) {
-        CHECK(kn_kv_pool_add_ring(p, 1, 1, 32, 3, 5, &err) == KN_ERR_UNSUPPORTED && !p->ring &&
+        CHECK(kn_kv_pool_add_ring(p, 1, 1, 32, 3, 6, &err) == KN_ERR_INVALID_ARG && !p->ring &&
                   strstr(err.msg, "--kv-start"),
-              "a ring on a --kv-start pool is refused: %s", err.msg);
-        kn_kv_pool_destroy(p);
+              "a ring converting on write under a --kv-start pool is refused: %s", err.msg);
+        kn_kv_pool_params rp = pp;
+        rp.n_blocks = 6, rp.n_stage_blocks = 1;
+        CHECK(kn_kv_pool_add_ring_ex(p, &rp, 3, &err) == KN_ERR_INVALID_ARG && !p->ring,
+              "a ring with staging for less than one sequence is refused: %s", err.msg);
+        rp.n_stage_blocks = 4;
+        CHECK(kn_kv_pool_add_ring_ex(p, &rp, 3, &err) == KN_OK && p->ring, "staged ring: %s", err.msg);
     }
+    if (p && p->ring) {
+        kn_kv_pool *r = p->ring;
+        kn_kv_seq s1 = {0}, s2 = {0}, s3 = {0};
+        CHECK(kn_kv_seq_reserve(p, &s1, 100, &err) == KN_OK && s1.n_blocks == 7 && s1.n_ring == 3 &&
+                  s1.n_ring_shadow == 2 && s1.ring[0] >= r->n_blocks && s1.ring[1] >= r->n_blocks &&
+                  s1.ring[2] < r->n_blocks && r->n_free == 3 && r->n_stage_free == 2,
+              "staged ring entries: %d of %d, ring free %lld, staging free %lld", s1.n_ring_shadow, s1.n_ring,
+              (long long)r->n_free, (long long)r->n_stage_free);
+        CHECK(kn_kv_seq_reserve(p, &s2, 20, &err) == KN_OK && s2.n_ring == 2 && s2.n_ring_shadow == 2 &&
+                  r->n_free == 1 && r->n_stage_free == 0,
+              "a short sequence stages its two ring entries");
+        const int64_t free0 = p->n_free, stage_free = p->n_stage_free;
+        CHECK(kn_kv_seq_reserve(p, &s3, 10, &err) == KN_ERR_NOMEM && s3.n_blocks == 0 && s3.n_ring == 0 &&
+                  p->n_free == free0 && p->n_stage_free == stage_free && r->n_free == 1 && r->n_stage_free == 0,
+              "ring staging exhaustion must fail cleanly: %s", err.msg);
+        /* rows of positions 0..31 (ring: the first two entries), then the conversion */
+        float k[32], v[32];
+        for (int t = 0; t < 32; t++) {
+            for (int d = 0; d < 32; d++) k[d] = 0.01f * (float)(t * 32 + d) - 5.0f, v[d] = -k[d];
+            const int32_t ms = kn_kv_seq_slot(p, &s1, t), rs2 = kn_kv_seq_ring_slot(p, &s1, t);
+            be->vt->kv_write(be, &p->layers[0], k, v, 32, 1, &ms);
+            be->vt->kv_write(be, &r->layers[0], k, v, 32, 1, &rs2);
+        }
+        s1.n_tokens = 32;
+        CHECK(kn_kv_seq_convert(p, &s1, &err) == KN_OK && s1.converted_at == 32 && s1.n_ring_shadow == 0 &&
+                  s1.ring[0] < r->n_blocks && s1.ring[1] < r->n_blocks && r->n_stage_free == 2 && r->n_free == 1,
+              "conversion moves the ring to its compressed blocks: %s", err.msg);
+        double worst = 0;
+        for (int t = 0; t < 32; t++) {
+            const kn_kv_layer *L = &r->layers[0];
+            const int64_t rb = kn_kv_row_bytes(L->k_fmt, 32);
+            float got[32];
+            kn_kv_aux none = {NULL, NULL, 1.0f};
+            kn_kv_decode(L->k_fmt, (const uint8_t *)L->k + (int64_t)kn_kv_seq_ring_slot(p, &s1, t) * rb, 32, &none, got);
+            for (int d = 0; d < 32; d++) {
+                const double e = fabs((double)got[d] - (0.01 * (t * 32 + d) - 5.0));
+                worst = e > worst ? e : worst;
+            }
+        }
+        CHECK(worst < 0.05, "converted ring rows: worst |error| %.3g (q8 of bf16 rows; a neighbouring position is 0.32 away)", worst);
+        kn_kv_seq_release(p, &s1), kn_kv_seq_release(p, &s2), kn_kv_seq_release(p, &s3);
+        CHECK(p->n_free == 20 && p->n_stage_free == 4 && r->n_free == 6 && r->n_stage_free == 4,
+              "all blocks back (main %lld + %lld staging, ring %lld + %lld staging)", (long long)p->n_free,
+              (long long)p->n_stage_free, (long long)r->n_free, (long long)r->n_stage_free);
+    }
+    kn_kv_pool_destroy(p);
     /* all layers in the ring: the main pool only counts positions */
     CHECK(kn_kv_pool_create(be, 0, 1, 1, 16, 20, &p, &err) == KN_OK && kn_kv_bytes_per_token(p) == 0,
           "bookkeeping-only pool: %s", err.msg);

@@ -194,13 +194,42 @@ static kn_code feed(kn_model *m, kn_kv_seq *sq, const int32_t *ids, int from, in
     return KN_OK;
 }
 
+/* Rows of positions [0, n) of one pool's layers copied from model b's
+ * cache to model d's, decoded from b's format and written through d's
+ * kv_write (ring layers: through the ring slots, later positions last, so
+ * d's ring ends as b's). */
+static void copy_rows(kn_model *mb, const kn_kv_seq *qb, kn_model *md, const kn_kv_seq *qd, int ring, int n) {
+    const kn_kv_pool *pb = ring ? mb->kv->ring : mb->kv, *pd = ring ? md->kv->ring : md->kv;
+    for (int l = 0; pb && l < pb->n_layers; l++) {
+        const kn_kv_layer *L = &pb->layers[l];
+        const int D = L->head_dim, H = L->n_kv_heads;
+        const int64_t rb = kn_kv_row_bytes(L->k_fmt, D);
+        float *k = malloc((size_t)H * D * 4), *v = malloc((size_t)H * D * 4);
+        for (int t = 0; t < n; t++) {
+            const int32_t sl = ring ? kn_kv_seq_ring_slot(mb->kv, qb, t) : kn_kv_seq_slot(mb->kv, qb, t);
+            const int32_t dl = ring ? kn_kv_seq_ring_slot(md->kv, qd, t) : kn_kv_seq_slot(md->kv, qd, t);
+            for (int h = 0; h < H; h++) {
+                kn_kv_aux none = {NULL, NULL, 1.0f};
+                kn_kv_decode(L->k_fmt, (const uint8_t *)L->k + ((int64_t)sl * H + h) * rb, D, &none, k + (int64_t)h * D);
+                kn_kv_decode(L->v_fmt, (const uint8_t *)L->v + ((int64_t)sl * H + h) * rb, D, &none, v + (int64_t)h * D);
+            }
+            md->be->vt->kv_write(md->be, &pd->layers[l], k, v, (int64_t)H * D, 1, &dl);
+        }
+        free(k), free(v);
+    }
+}
+
 /* KV_FORMATS.md / issue 5: a --kv-start N cache gives logits identical to a
  * bf16 cache before N and to an immediately converted cache after N (one
- * whose first N rows were written as bf16 and re-encoded at N). */
-static void test_delayed(const kn_model_config *cfg, const kn_tensor_source *src) {
-    const int N = 32, T = 60, V = cfg->vocab_size;
-    const int chunks[] = {32, 16, 0}; /* prefill up to N, a chunk after it, then decode steps */
-    int32_t ids[64];
+ * whose first N rows were written as bf16 and re-encoded at N). T tokens in
+ * chunks (0 ends the list: single tokens from there), prefill chunks of at
+ * most max_chunk, a context of ctx. With a sliding-window ring (ring = 1:
+ * the model must get one) the ring's entries stage too; when the ring is
+ * shorter than N it wraps while still bf16. */
+static void test_delayed(const char *name, const kn_model_config *cfg, const kn_tensor_source *src, int N, int T,
+                         int ctx, int max_chunk, const int *chunks, int ring) {
+    const int V = cfg->vocab_size;
+    int32_t ids[128];
     uint64_t s = 3;
     for (int k = 0; k < T; k++) ids[k] = (int32_t)((kn_test_rand(&s) + 1.0f) * 0.5f * (V - 1));
     float *la = calloc((size_t)T * V, 4), *lb = calloc((size_t)T * V, 4), *ld = calloc((size_t)T * V, 4);
@@ -211,66 +240,74 @@ static void test_delayed(const kn_model_config *cfg, const kn_tensor_source *src
     sa.kv_start = N;
     kn_backend *ba, *bb, *bd;
     kn_model *ma = NULL, *mb = NULL, *md = NULL;
-    int ok = !kn_backend_create("cpu", 2, &ba, &err) && !kn_model_build_kv(cfg, src, ba, 64, 1, &sa, &ma, &err) &&
-             !kn_backend_create("cpu", 2, &bb, &err) && !kn_model_build_kv(cfg, src, bb, 64, 1, &sb, &mb, &err) &&
-             !kn_backend_create("cpu", 2, &bd, &err) && !kn_model_build_kv(cfg, src, bd, 64, 1, &sd, &md, &err);
-    CHECK(ok, "delayed: models: %s", err.msg);
+    int ok = !kn_backend_create("cpu", 2, &ba, &err) && (ba->prefill_chunk = max_chunk) &&
+             !kn_model_build_kv(cfg, src, ba, ctx, 1, &sa, &ma, &err) && !kn_backend_create("cpu", 2, &bb, &err) &&
+             (bb->prefill_chunk = max_chunk) && !kn_model_build_kv(cfg, src, bb, ctx, 1, &sb, &mb, &err) &&
+             !kn_backend_create("cpu", 2, &bd, &err) && (bd->prefill_chunk = max_chunk) &&
+             !kn_model_build_kv(cfg, src, bd, ctx, 1, &sd, &md, &err);
+    CHECK(ok, "delayed %s: models: %s", name, err.msg);
+    ok = ok && (!ring || (ma->kv->ring && mb->kv->ring && md->kv->ring));
+    CHECK(ok || !ma, "delayed %s: the model has no sliding-window ring", name);
     kn_kv_seq qa = {0}, qb = {0}, qd = {0};
     if (ok) {
         ok = !kn_kv_seq_reserve(ma->kv, &qa, T, &err) && !kn_kv_seq_reserve(mb->kv, &qb, T, &err) &&
              !kn_kv_seq_reserve(md->kv, &qd, T, &err);
-        CHECK(ok, "delayed: reserve: %s", err.msg);
+        CHECK(ok, "delayed %s: reserve: %s", name, err.msg);
         CHECK(qa.blocks[0] >= ma->kv->n_blocks && qa.blocks[N / 16] < ma->kv->n_blocks,
-              "delayed: blocks below N are staging blocks, the rest compressed");
+              "delayed %s: blocks below N are staging blocks, the rest compressed", name);
+        if (ring) {
+            const kn_kv_pool *r = ma->kv->ring;
+            const int staged = N / 16 < ma->kv->ring_blocks ? N / 16 : ma->kv->ring_blocks;
+            int stage_ok = qa.n_ring_shadow == staged;
+            for (int i = 0; i < qa.n_ring; i++) stage_ok &= (qa.ring[i] >= r->n_blocks) == (i < staged);
+            CHECK(stage_ok, "delayed %s: ring entries below N / 16 are staging blocks (%d of %d)", name,
+                  qa.n_ring_shadow, qa.n_ring);
+        }
     }
     /* chunks never straddle N */
     if (ok) {
+        const int len = max_chunk < 40 ? max_chunk : 40;
         int32_t pos[40], seq0[40] = {0};
-        for (int i = 0; i < 40; i++) pos[i] = i;
+        for (int i = 0; i < len; i++) pos[i] = N - len / 2 + i;
         kn_kv_seq *one[1] = {&qa};
-        kn_batch b = {.n_tokens = 40, .tokens = ids, .pos = pos, .seq = seq0, .n_seqs = 1, .seqs = one};
-        CHECK(kn_model_forward(ma, &b, NULL, &err) == KN_ERR_INVALID_ARG, "delayed: a chunk across N is refused");
-        CHECK(kn_kv_max_append(ma->kv, &qa, 10, 40) == N - 10 && kn_kv_max_append(ma->kv, &qa, N, 40) == 40,
-              "delayed: kn_kv_max_append caps at N");
+        kn_batch b = {.n_tokens = len, .tokens = ids, .pos = pos, .seq = seq0, .n_seqs = 1, .seqs = one};
+        CHECK(kn_model_forward(ma, &b, NULL, &err) == KN_ERR_INVALID_ARG && strstr(err.msg, "straddle"),
+              "delayed %s: a chunk across N is refused (%s)", name, err.msg);
+        CHECK(kn_kv_max_append(ma->kv, &qa, N - 10, 40) == 10 && kn_kv_max_append(ma->kv, &qa, N, 40) == 40 &&
+                  kn_kv_max_append(ma->kv, &qa, 0, N) == N,
+              "delayed %s: kn_kv_max_append caps at N", name);
     }
-    if (ok) ok = !feed(ma, &qa, ids, 0, T, chunks, la, &err) && !feed(mb, &qb, ids, 0, T, chunks, lb, &err);
-    CHECK(ok && qa.converted_at == N, "delayed: run: %s (converted at %d)", err.msg, qa.converted_at);
-    /* D: bf16 rows of B's first N positions, decoded and written through D's kv_write */
+    /* B (bf16) up to N, D = B's rows re-encoded, then both on to T */
+    int k_at_n = 0; /* the chunk that starts at N */
+    for (int p = 0; p < N; k_at_n++) p += chunks[k_at_n] > 0 ? chunks[k_at_n] : 1;
+    if (ok) ok = !feed(ma, &qa, ids, 0, T, chunks, la, &err) && !feed(mb, &qb, ids, 0, N, chunks, lb, &err);
+    CHECK(ok && qa.converted_at == N, "delayed %s: run: %s (converted at %d)", name, err.msg, qa.converted_at);
+    if (ok && ring) {
+        int conv_ok = qa.n_ring_shadow == 0;
+        for (int i = 0; i < qa.n_ring; i++) conv_ok &= qa.ring[i] < ma->kv->ring->n_blocks;
+        CHECK(conv_ok && ma->kv->ring->n_stage_free == ma->kv->ring->n_stage_blocks,
+              "delayed %s: after N every ring entry is compressed and the ring's staging blocks are free", name);
+    }
     if (ok) {
-        for (int l = 0; l < cfg->n_layers; l++) {
-            const kn_kv_layer *L = &mb->kv->layers[l];
-            const int D = L->head_dim, H = L->n_kv_heads;
-            const int64_t rb = kn_kv_row_bytes(L->k_fmt, D);
-            float *k = malloc((size_t)N * H * D * 4), *v = malloc((size_t)N * H * D * 4);
-            int32_t slots[64];
-            for (int t = 0; t < N; t++) {
-                const int32_t sl = kn_kv_seq_slot(mb->kv, &qb, t);
-                slots[t] = kn_kv_seq_slot(md->kv, &qd, t);
-                for (int h = 0; h < H; h++) {
-                    kn_kv_aux none = {NULL, NULL, 1.0f};
-                    kn_kv_decode(L->k_fmt, (const uint8_t *)L->k + ((int64_t)sl * H + h) * rb, D, &none, k + ((int64_t)t * H + h) * D);
-                    kn_kv_decode(L->v_fmt, (const uint8_t *)L->v + ((int64_t)sl * H + h) * rb, D, &none, v + ((int64_t)t * H + h) * D);
-                }
-            }
-            md->be->vt->kv_write(md->be, &md->kv->layers[l], k, v, (int64_t)H * D, N, slots);
-            free(k), free(v);
-        }
+        copy_rows(mb, &qb, md, &qd, 0, N);
+        copy_rows(mb, &qb, md, &qd, 1, N);
         qd.n_tokens = N;
-        ok = !feed(md, &qd, ids, N, T, chunks + 1, ld, &err);
-        CHECK(ok, "delayed: converted reference: %s", err.msg);
+        ok = !feed(md, &qd, ids, N, T, chunks + k_at_n, ld, &err) && !feed(mb, &qb, ids, N, T, chunks + k_at_n, lb, &err);
+        CHECK(ok, "delayed %s: converted reference: %s", name, err.msg);
     }
     if (ok) {
-        CHECK(!memcmp(la, lb, (size_t)N * V * 4), "delayed: logits before N differ from the bf16 cache's");
+        CHECK(!memcmp(la, lb, (size_t)N * V * 4), "delayed %s: logits before N differ from the bf16 cache's", name);
         CHECK(!memcmp(la + (size_t)N * V, ld + (size_t)N * V, (size_t)(T - N) * V * 4),
-              "delayed: logits after N differ from the immediately converted cache's");
+              "delayed %s: logits after N differ from the immediately converted cache's", name);
         CHECK(memcmp(la + (size_t)N * V, lb + (size_t)N * V, (size_t)(T - N) * V * 4) != 0,
-              "delayed: after N the cache is compressed (differs from bf16)");
+              "delayed %s: after N the cache is compressed (differs from bf16)", name);
     }
     if (ma) kn_kv_seq_release(ma->kv, &qa), kn_model_close(ma);
     if (mb) kn_kv_seq_release(mb->kv, &qb), kn_model_close(mb);
     if (md) kn_kv_seq_release(md->kv, &qd), kn_model_close(md);
     free(la), free(lb), free(ld);
-    printf("delayed conversion (--kv-start %d, k8v3): %s\n", N, kn_test_failures ? "checked (see failures)" : "identical as required");
+    printf("delayed conversion %s (--kv-start %d, k8v3%s): %s\n", name, N,
+           ring ? ", sliding-window ring" : "", kn_test_failures ? "checked (see failures)" : "identical as required");
 }
 
 int main(void) {
@@ -337,7 +374,13 @@ int main(void) {
         for (int k = 0; k < N_IDS; k++) ids[k] = (int32_t)((kn_test_rand(&s) + 1.0f) * 0.5f * (cfg.vocab_size - 1));
         double kl[N_FMT], ent;
         if (run_formats(&cfg, &src, ids, kl, &ent)) report(names[i], kl, ent, !sharp), n_arch++;
-        if (!strcmp(names[i], "llama") && !getenv("KILN_TEST_BACKEND")) test_delayed(&cfg, &src);
+        if (!getenv("KILN_TEST_BACKEND")) {
+            /* prefill to N, a chunk after it, then decode steps */
+            static const int plain[] = {32, 16, 0}, ringed[] = {16, 16, 16, 16, 16, 0};
+            if (!strcmp(names[i], "llama")) test_delayed(names[i], &cfg, &src, 32, 60, 64, 512, plain, 0);
+            /* a ring of (window 8 + 15 + 15) / 16 = 2 blocks (32 positions): it wraps below N = 64 */
+            if (!strcmp(names[i], "gemma2")) test_delayed(names[i], &cfg, &src, 64, 100, 128, 16, ringed, 1);
+        }
         gain_free(&g);
         kn_synthetic_free(syn);
     }

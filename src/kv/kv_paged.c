@@ -55,7 +55,11 @@ static kn_code layer_tables(kn_kv_pool *p, int l, const kn_kv_spec *spec, struct
     return KN_OK;
 }
 
-kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_pool **out, kn_error *err) {
+/* A pool as kn_kv_pool_create_ex says; with delayed conversion, each
+ * sequence stages at most stage_span blocks (kv_start / block_size for a
+ * main pool, fewer for a ring), so n_stage_blocks must cover one such sequence. */
+static kn_code pool_create(kn_backend *be, const kn_kv_pool_params *pp, int64_t stage_span, kn_kv_pool **out,
+                           kn_error *err) {
     *out = NULL;
     const int n_layers = pp->n_layers, block_size = pp->block_size;
     const int64_t n_blocks = pp->n_blocks;
@@ -72,7 +76,7 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_
     if (rc) return rc;
     const int64_t n_stage = spec.kv_start > 0 ? pp->n_stage_blocks : 0;
     if (spec.kv_start > 0) {
-        if (spec.kv_start % block_size || n_stage < spec.kv_start / block_size || n_stage > INT32_MAX / block_size - n_blocks)
+        if (spec.kv_start % block_size || n_stage < stage_span || n_stage > INT32_MAX / block_size - n_blocks)
             return kn_fail(err, KN_ERR_INVALID_ARG, "kv pool: --kv-start %d needs a multiple of %d and staging blocks",
                            spec.kv_start, block_size);
         if (!be->vt->kv_convert)
@@ -141,6 +145,10 @@ oom:
                    block_size);
 }
 
+kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *pp, kn_kv_pool **out, kn_error *err) {
+    return pool_create(be, pp, pp->block_size > 0 && pp->spec ? pp->spec->kv_start / pp->block_size : 0, out, err);
+}
+
 kn_code kn_kv_pool_create(kn_backend *be, int n_layers, int n_kv_heads, int head_dim, int block_size,
                           int64_t n_blocks, kn_kv_pool **out, kn_error *err) {
     *out = NULL;
@@ -190,12 +198,14 @@ static int grow(int32_t **arr, int *cap, int need) {
 kn_code kn_kv_pool_add_ring_ex(kn_kv_pool *p, const kn_kv_pool_params *pp, int ring_blocks, kn_error *err) {
     if (p->ring || pp->n_layers <= 0 || pp->block_size != p->block_size || ring_blocks <= 0 || pp->n_blocks < ring_blocks)
         return kn_fail(err, KN_ERR_INVALID_ARG, "kv ring: invalid geometry");
-    /* a staged sequence's positions below kv_start would have to live in a
-     * bf16 ring and be converted in place while the ring wraps: not supported */
-    if (p->header.spec.kv_start > 0 || (pp->spec && pp->spec->kv_start > 0))
-        return kn_fail(err, KN_ERR_UNSUPPORTED, "--kv-start (delayed KV conversion) is not supported for models with "
-                       "a sliding-window ring cache; convert on write (leave out --kv-start)");
-    kn_code rc = kn_kv_pool_create_ex(p->be, pp, &p->ring, err);
+    /* delayed conversion: both pools stage the same sequences up to the same
+     * kv_start; ring entry i is first used by positions [i*bs, (i+1)*bs), so
+     * it is a staging block while i < kv_start / bs (kn_kv_seq_reserve) */
+    const int start = p->header.spec.kv_start, ring_start = pp->spec ? pp->spec->kv_start : 0;
+    if (start != ring_start)
+        return kn_fail(err, KN_ERR_INVALID_ARG, "kv ring: --kv-start %d differs from the main pool's %d", ring_start, start);
+    const int64_t span = start > 0 ? (start / p->block_size < ring_blocks ? start / p->block_size : ring_blocks) : 0;
+    kn_code rc = pool_create(p->be, pp, span, &p->ring, err);
     if (!rc) p->ring_blocks = ring_blocks;
     return rc;
 }
@@ -252,11 +262,19 @@ kn_code kn_kv_seq_reserve(kn_kv_pool *p, kn_kv_seq *s, int n_positions, kn_error
         return kn_fail(err, KN_ERR_NOMEM, "kv staging area full (--kv-start): %d more blocks needed, %lld free",
                        new_staged, (long long)p->n_stage_free);
     const int ring_need = p->ring ? (need < p->ring_blocks ? need : p->ring_blocks) : 0;
+    /* ring entries [n_ring, ring_need) below stage_to stage too, each with its compressed block */
+    const int ring_staged = ring_need > s->n_ring && stage_to > s->n_ring
+                                ? (ring_need < stage_to ? ring_need : stage_to) - s->n_ring : 0;
     if (ring_need > s->n_ring) {
-        if (ring_need - s->n_ring > p->ring->n_free)
+        if (ring_need - s->n_ring > p->ring->n_free) /* a staged entry's compressed block is its shadow */
             return kn_fail(err, KN_ERR_NOMEM, "kv cache full: %d more sliding-window blocks needed, %lld free",
                            ring_need - s->n_ring, (long long)p->ring->n_free);
+        if (ring_staged > p->ring->n_stage_free)
+            return kn_fail(err, KN_ERR_NOMEM, "kv staging area full (--kv-start): %d more sliding-window blocks "
+                           "needed, %lld free", ring_staged, (long long)p->ring->n_stage_free);
         if (!s->ring && !(s->ring = malloc((size_t)p->ring_blocks * sizeof *s->ring)))
+            return kn_fail(err, KN_ERR_NOMEM, "kv cache: out of memory for the ring table");
+        if (ring_staged && !s->ring_shadow && !(s->ring_shadow = malloc((size_t)p->ring_blocks * sizeof *s->ring_shadow)))
             return kn_fail(err, KN_ERR_NOMEM, "kv cache: out of memory for the ring table");
     }
     int shadow_cap = s->n_shadow; /* the shadow array is sized exactly by n_shadow growth below */
@@ -274,8 +292,15 @@ kn_code kn_kv_seq_reserve(kn_kv_pool *p, kn_kv_seq *s, int n_positions, kn_error
         s->blocks[s->n_blocks++] = b;
     }
     while (s->n_ring < ring_need) {
-        int32_t b = p->ring->free_list[--p->ring->n_free];
-        p->ring->refcount[b] = 1;
+        kn_kv_pool *r = p->ring;
+        int32_t b = r->free_list[--r->n_free];
+        r->refcount[b] = 1;
+        if (s->n_ring < stage_to) { /* staging, as the main pool's blocks below kv_start */
+            int32_t sb = r->stage_free_list[--r->n_stage_free];
+            r->refcount[sb] = 1;
+            s->ring_shadow[s->n_ring_shadow++] = b;
+            b = sb;
+        }
         s->ring[s->n_ring++] = b;
     }
     return KN_OK;
@@ -288,11 +313,10 @@ void kn_kv_block_unref(kn_kv_pool *p, int32_t b) {
 }
 
 void kn_kv_seq_release(kn_kv_pool *p, kn_kv_seq *s) {
-    for (int i = s->n_ring - 1; i >= 0 && p->ring; i--) {
-        int32_t b = s->ring[i];
-        if (p->ring->refcount[b] && --p->ring->refcount[b] == 0) p->ring->free_list[p->ring->n_free++] = b;
-    }
+    for (int i = s->n_ring - 1; i >= 0 && p->ring; i--) kn_kv_block_unref(p->ring, s->ring[i]);
+    for (int i = s->n_ring_shadow - 1; i >= 0 && p->ring; i--) kn_kv_block_unref(p->ring, s->ring_shadow[i]);
     free(s->ring);
+    free(s->ring_shadow);
     for (int i = s->n_blocks - 1; i >= 0; i--) kn_kv_block_unref(p, s->blocks[i]);
     for (int i = s->n_shadow - 1; i >= 0; i--) kn_kv_block_unref(p, s->shadow[i]);
     free(s->blocks);
@@ -300,29 +324,42 @@ void kn_kv_seq_release(kn_kv_pool *p, kn_kv_seq *s) {
     memset(s, 0, sizeof *s);
 }
 
-kn_code kn_kv_seq_convert(kn_kv_pool *p, kn_kv_seq *s, kn_error *err) {
-    if (!kn_kv_seq_staged(p, s)) return KN_OK;
+/* Re-encode the staging blocks among blocks[0, n) of pool p into their
+ * shadows (every layer of p, one at a time) and put the shadows in their
+ * place; a block already compressed (a shared prefix block) stays and its
+ * unused shadow is returned. */
+static void convert_blocks(kn_kv_pool *p, int32_t *blocks, const int32_t *shadow, int n_blk) {
     const int start = p->header.spec.kv_start, bs = p->block_size;
-    if (s->n_tokens < start)
-        return kn_fail(err, KN_ERR_INTERNAL, "kv convert: the sequence holds %d of the %d tokens", s->n_tokens, start);
     int n = 0;
-    for (int i = 0; i < s->n_shadow && i < s->n_blocks; i++) {
-        const int32_t b = s->blocks[i];
-        if (b < p->n_blocks) continue; /* already compressed (a shared prefix block) */
-        for (int o = 0; o < bs; o++)
-            p->conv_host[n] = (int32_t)((b - p->n_blocks) * bs + o), p->conv_host[start + n] = s->shadow[i] * bs + o, n++;
+    for (int i = 0; i < n_blk; i++) {
+        const int32_t b = blocks[i];
+        if (b < p->n_blocks) continue;
+        for (int o = 0; o < bs; o++) /* at most kv_start slots: staged blocks lie below kv_start */
+            p->conv_host[n] = (int32_t)((b - p->n_blocks) * bs + o), p->conv_host[start + n] = shadow[i] * bs + o, n++;
     }
     if (n) {
         kn_be_upload(p->be, p->conv_dev, p->conv_host, 2 * (size_t)start * sizeof(int32_t));
         for (int l = 0; l < p->n_layers; l++) /* one layer at a time */
             p->be->vt->kv_convert(p->be, &p->layers[l], p->conv_dev, p->conv_dev + start, n);
+        kn_be_sync(p->be); /* the staging rows are read before their blocks go back */
     }
-    for (int i = 0; i < s->n_shadow && i < s->n_blocks; i++) {
-        const int32_t b = s->blocks[i];
-        if (b >= p->n_blocks) s->blocks[i] = s->shadow[i], kn_be_sync(p->be), kn_kv_block_unref(p, b);
-        else kn_kv_block_unref(p, s->shadow[i]); /* unused: the shared block stays */
+    for (int i = 0; i < n_blk; i++) {
+        const int32_t b = blocks[i];
+        if (b >= p->n_blocks) blocks[i] = shadow[i], kn_kv_block_unref(p, b);
+        else kn_kv_block_unref(p, shadow[i]);
     }
+}
+
+kn_code kn_kv_seq_convert(kn_kv_pool *p, kn_kv_seq *s, kn_error *err) {
+    if (!kn_kv_seq_staged(p, s)) return KN_OK;
+    const int start = p->header.spec.kv_start;
+    if (s->n_tokens < start)
+        return kn_fail(err, KN_ERR_INTERNAL, "kv convert: the sequence holds %d of the %d tokens", s->n_tokens, start);
+    convert_blocks(p, s->blocks, s->shadow, s->n_shadow < s->n_blocks ? s->n_shadow : s->n_blocks);
     s->n_shadow = 0;
+    if (p->ring) /* the ring's staged entries (the first ones) hold the last positions below kv_start */
+        convert_blocks(p->ring, s->ring, s->ring_shadow, s->n_ring_shadow);
+    s->n_ring_shadow = 0;
     s->converted_at = start;
     return KN_OK;
 }

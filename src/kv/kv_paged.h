@@ -118,6 +118,10 @@ typedef struct {
     int converted_at; /* offset where the cache was converted (prefix reuse below it needs bf16); 0 = none */
     int32_t *ring; /* [pool->ring_blocks] ring block ids (pool->ring), n_ring of them in use */
     int n_ring;
+    /* delayed conversion: ring[0, n_ring_shadow) are staging blocks of the
+     * ring pool, ring_shadow[i] the compressed block reserved to replace ring[i] */
+    int32_t *ring_shadow;
+    int n_ring_shadow;
 } kn_kv_seq;
 
 /* Uniform f32 pool (every layer n_kv_heads x head_dim). n_layers may be 0:
@@ -130,8 +134,11 @@ kn_code kn_kv_pool_create_ex(kn_backend *be, const kn_kv_pool_params *p, kn_kv_p
  * as kn_kv_pool_create_ex builds a pool (per-layer shapes, the formats the
  * spec gives those layers: quantized rings keep codes and metadata with their
  * slot), p->n_blocks blocks of pool's block size, each sequence holding at
- * most ring_blocks of them. Before any reserve. Delayed conversion
- * (spec->kv_start > 0, in either pool) is refused with a ring. */
+ * most ring_blocks of them. Before any reserve. With delayed conversion
+ * (spec->kv_start, the same as the main pool's) a staged sequence's ring
+ * entries below kv_start / block_size are staging blocks of the ring pool
+ * (p->n_stage_blocks of them, at least min(that, ring_blocks)), each with
+ * its compressed block reserved, converted with the main pool's blocks. */
 kn_code kn_kv_pool_add_ring_ex(kn_kv_pool *pool, const kn_kv_pool_params *p, int ring_blocks, kn_error *err);
 /* The same with n_layers uniform f32 ring layers. */
 kn_code kn_kv_pool_add_ring(kn_kv_pool *pool, int n_layers, int n_kv_heads, int head_dim, int ring_blocks,
@@ -151,8 +158,9 @@ void kn_kv_block_unref(kn_kv_pool *pool, int32_t b);
  * N tokens keeps positions < N in bf16 staging blocks; before a token at
  * position >= N is appended, kn_kv_seq_convert re-encodes those rows into
  * the compressed blocks reserved for them, one layer at a time (the
- * transient is the shadow blocks reserved up front), and records N in
- * converted_at. An append (prefill chunk) never straddles N:
+ * transient is the shadow blocks reserved up front; ring entries too: while
+ * the ring wraps below N it holds bf16 rows of the last positions), and
+ * records N in converted_at. An append (prefill chunk) never straddles N:
  * kn_kv_max_append caps it. */
 static inline int kn_kv_seq_staged(const kn_kv_pool *pool, const kn_kv_seq *seq) {
     return pool->header.spec.kv_start > 0 && !seq->converted_at;

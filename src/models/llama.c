@@ -299,7 +299,7 @@ static kn_code plan_kv_blocks(kn_model *m, double block_bytes, double ring_bytes
  * smaller than the context. Only layers that own K/V get storage, each pool
  * layer in its model layer's shape and in the formats spec gives that model
  * layer (boundary layers count model layers); KV-shared layers view their
- * source's. Delayed conversion (--kv-start) with a ring is refused. */
+ * source's. With delayed conversion (--kv-start) both pools stage. */
 static kn_code build_kv(kn_model *m, const kn_kv_spec *kv, kn_error *err) {
     const kn_model_config *c = &m->cfg;
     const int bs = KN_KV_BLOCK_SIZE, nl = c->n_layers;
@@ -329,11 +329,6 @@ static kn_code build_kv(kn_model *m, const kn_kv_spec *kv, kn_error *err) {
     for (int l = 0; l < nl; l++) all_dims[l] = m->layers[l].head_dim;
     kn_code rc = kn_kv_spec_check(&spec, nl, all_dims, err);
     if (rc) return rc;
-    if (n_in[1] && spec.kv_start > 0)
-        return kn_fail(err, KN_ERR_UNSUPPORTED,
-                       "--kv-start %d: delayed KV conversion is not supported for a model whose sliding-window layers "
-                       "keep a ring cache (window %d, context %d); leave out --kv-start (convert on write)",
-                       spec.kv_start, c->sliding_window, m->max_context);
     const int64_t ring_pool_blocks = n_in[1] ? (int64_t)ring_blocks * m->max_seqs : 0;
     const double ring_bytes = (double)ring_pool_blocks * bs * (double)tok_bytes[1];
     int64_t kv_blocks = (int64_t)m->max_blocks * m->max_seqs;
@@ -344,8 +339,11 @@ static kn_code build_kv(kn_model *m, const kn_kv_spec *kv, kn_error *err) {
                             .layer_ids = ids[0], .model_layers = nl};
     if (!rc) rc = kn_kv_pool_create_ex(m->be, &pp, &m->kv, err);
     if (!rc && n_in[1]) {
+        /* delayed conversion: a sequence stages its ring entries below kv_start */
+        const int ring_stage = spec.kv_start / bs < ring_blocks ? spec.kv_start / bs : ring_blocks;
         kn_kv_pool_params rp = {.n_layers = n_in[1], .block_size = bs, .n_blocks = ring_pool_blocks,
                                 .n_kv_heads = heads[1], .head_dim = dims[1], .spec = &spec,
+                                .n_stage_blocks = (int64_t)m->max_seqs * ring_stage,
                                 .layer_ids = ids[1], .model_layers = nl};
         rc = kn_kv_pool_add_ring_ex(m->kv, &rp, ring_blocks, err);
     }

@@ -76,7 +76,8 @@ static void gain_free(gain_src *g) {
     for (int i = 0; i < g->n; i++) free(g->made[i]->name), free((void *)g->made[i]->data), free(g->made[i]);
 }
 
-/* config.json of dir re-shaped to head_dim 64 into tmp/config.json */
+/* config.json of dir re-shaped to head_dim 64 (per-layer head dims scaled
+ * alike) into tmp/config.json */
 static int reshape_config(const char *dir, const char *tmp) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -90,6 +91,16 @@ static int reshape_config(const char *dir, const char *tmp) {
         json_decref(root);
         return -1;
     }
+    /* per-layer head dims (gemma4's global layers) keep their ratio to the base head dim */
+    const json_int_t hd0 = json_integer_value(json_object_get(c, "head_dim"));
+    json_t *plc = json_object_get(c, "per_layer_config"), *lc;
+    const char *lk;
+    json_object_foreach(plc, lk, lc) {
+        const json_int_t hd = json_integer_value(json_object_get(lc, "head_dim"));
+        if (hd > 0 && hd0 > 0) json_object_set_new(lc, "head_dim", json_integer(hd * 64 / hd0));
+    }
+    const json_int_t ghd = json_integer_value(json_object_get(c, "global_head_dim"));
+    if (ghd > 0 && hd0 > 0) json_object_set_new(c, "global_head_dim", json_integer(ghd * 64 / hd0));
     json_object_set_new(c, "head_dim", json_integer(64));
     json_object_set_new(c, "hidden_size", json_integer(heads * 64));
     /* longrope: one factor per rotated pair; stretch the lists to the new rotary dim */

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "backend/op_profile.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops_whisper.h"
@@ -521,10 +522,26 @@ static const kn_backend_vtbl cpu_vtbl = {
  * context any model may use (the backend is shared across models). */
 #define KN_CPU_MAX_CONTEXT (1 << 20)
 
+/* KILN_CPU_PROFILE=1: the ops run synchronously, so a mark is the wall clock */
+static double profile_marks[KN_PROFILE_SLOTS];
+static void profile_mark(kn_backend *be, int slot) {
+    (void)be;
+    profile_marks[slot] = seconds_now();
+}
+static void profile_flush(kn_backend *be) { (void)be; }
+static double profile_elapsed_ms(kn_backend *be, int a, int b) {
+    (void)be;
+    return 1e3 * (profile_marks[b] - profile_marks[a]);
+}
+
 kn_code kn_cpu_backend_create(int n_threads, kn_backend **out, kn_error *err) {
     cpu_backend *c = calloc(1, sizeof *c);
     if (!c) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     c->base.vt = &cpu_vtbl;
+    if (kn_profile_wanted(getenv("KILN_CPU_PROFILE"))) {
+        static const kn_profile_clock clock = {profile_mark, profile_flush, profile_elapsed_ms, NULL};
+        c->base.vt = kn_profile_vtbl(&cpu_vtbl, &clock, "KILN_CPU_PROFILE");
+    }
     c->base.n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->k = kn_cpu_kernels_select();
     /* with bf16 dot products, x meets 16-bit weights rounded to their dtype

@@ -33,6 +33,9 @@ typedef struct {
     float *xround; /* GEMV input rounded to the weight dtype (bf16 words or f32), grown on demand */
     size_t xround_floats;
     int64_t attn_scratch_len;
+    /* cpu_rope's angles of the last position it rotated (rope_half 0: none yet) */
+    int rope_pos, rope_half;
+    float rope_scale, rope_freq[512], rope_cs[512], rope_sn[512];
 } cpu_backend;
 
 static cpu_backend *cpu(kn_backend *be) { return (cpu_backend *)be; }
@@ -115,19 +118,37 @@ static void cpu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, in
     }
 }
 
+/* One RMSNorm group: oi = w * xi / sqrt(mean(xi^2) + eps), the sum of
+ * squares in double over four interleaved chains (not one serial chain). */
+static void rms_norm_row(const float *xi, float *oi, int dim, const float *w, float eps) {
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    int j = 0;
+    for (; j + 4 <= dim; j += 4) {
+        s0 += (double)xi[j] * xi[j], s1 += (double)xi[j + 1] * xi[j + 1];
+        s2 += (double)xi[j + 2] * xi[j + 2], s3 += (double)xi[j + 3] * xi[j + 3];
+    }
+    for (; j < dim; j++) s0 += (double)xi[j] * xi[j];
+    const float inv = 1.0f / sqrtf((float)(((s0 + s1) + (s2 + s3)) / dim) + eps);
+    for (j = 0; j < dim; j++) oi[j] = w[j] * (xi[j] * inv);
+}
+
+/* Decode-sized ops run on the calling thread: an OpenMP region costs
+ * microseconds even when its if() clause keeps it to one thread. */
+#define CPU_SMALL_OP 8192 /* elements */
+
 static void cpu_rms_norm(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,
                          int groups, int dim, const float *w, float eps) {
-#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows * groups * dim > 8192)
-    for (int r = 0; r < rows; r++) {
-        for (int g = 0; g < groups; g++) {
-            const float *xi = x + r * x_stride + (int64_t)g * dim;
-            float *oi = out + r * out_stride + (int64_t)g * dim;
-            double ss = 0.0;
-            for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
-            float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
-            for (int j = 0; j < dim; j++) oi[j] = w[j] * (xi[j] * inv);
-        }
+    const int n = rows * groups;
+    if ((int64_t)n * dim <= CPU_SMALL_OP) {
+        for (int i = 0; i < n; i++)
+            rms_norm_row(x + (i / groups) * x_stride + (int64_t)(i % groups) * dim,
+                         out + (i / groups) * out_stride + (int64_t)(i % groups) * dim, dim, w, eps);
+        return;
     }
+#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+    for (int i = 0; i < n; i++)
+        rms_norm_row(x + (i / groups) * x_stride + (int64_t)(i % groups) * dim,
+                     out + (i / groups) * out_stride + (int64_t)(i % groups) * dim, dim, w, eps);
 }
 
 static int cpu_matmul_bf16(cpu_backend *c, const float *x, int M, const kn_weight *w, const float *bias, float *out);
@@ -264,26 +285,51 @@ static void cpu_matmul_f32(cpu_backend *c, const float *x, int M, const kn_weigh
     }
 }
 
-/* rotate-half RoPE on the first rot_dim dims of each head, in place */
+/* cos and sin of one position's RoPE angles, times attn_scale */
+static void rope_angles(const kn_rope_table *rope, int pos, float *cs, float *sn) {
+    for (int i = 0; i < rope->rot_dim / 2; i++) {
+        const float f = (float)pos * rope->inv_freq[i];
+        cs[i] = cosf(f) * rope->attn_scale;
+        sn[i] = sinf(f) * rope->attn_scale;
+    }
+}
+
+static void rope_heads(float *x, int n_heads, int head_dim, int half, const float *cs, const float *sn) {
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (int64_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cs[i] - b * sn[i];
+            v[i + half] = b * cs[i] + a * sn[i];
+        }
+    }
+}
+
+/* rotate-half RoPE on the first rot_dim dims of each head, in place. A
+ * decode step rotates every layer at the same position with the same
+ * table: the last position's angles are kept (keyed by the position, the
+ * scale and the frequencies themselves) and reused. */
 static void cpu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
                      const int32_t *pos, const kn_rope_table *rope) {
-    const int half = rope->rot_dim / 2;
-#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (n_tokens > 4)
-    for (int t = 0; t < n_tokens; t++) {
-        float cs[512], sn[512]; /* half <= 512: head_dim <= 1024 checked at config */
-        for (int i = 0; i < half; i++) {
-            float f = (float)pos[t] * rope->inv_freq[i];
-            cs[i] = cosf(f) * rope->attn_scale;
-            sn[i] = sinf(f) * rope->attn_scale;
-        }
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + t * stride + (int64_t)h * head_dim;
-            for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * cs[i] - b * sn[i];
-                v[i + half] = b * cs[i] + a * sn[i];
+    cpu_backend *c = cpu(be);
+    const int half = rope->rot_dim / 2; /* <= 512: head_dim <= 1024 checked at config */
+    if (n_tokens <= 4) {
+        for (int t = 0; t < n_tokens; t++) {
+            if (!(c->rope_pos == pos[t] && c->rope_half == half && c->rope_scale == rope->attn_scale &&
+                  !memcmp(c->rope_freq, rope->inv_freq, (size_t)half * sizeof(float)))) {
+                rope_angles(rope, pos[t], c->rope_cs, c->rope_sn);
+                memcpy(c->rope_freq, rope->inv_freq, (size_t)half * sizeof(float));
+                c->rope_pos = pos[t], c->rope_half = half, c->rope_scale = rope->attn_scale;
             }
+            rope_heads(x + t * stride, n_heads, head_dim, half, c->rope_cs, c->rope_sn);
         }
+        return;
+    }
+#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+    for (int t = 0; t < n_tokens; t++) {
+        float cs[512], sn[512];
+        rope_angles(rope, pos[t], cs, sn);
+        rope_heads(x + t * stride, n_heads, head_dim, half, cs, sn);
     }
 }
 
@@ -346,15 +392,21 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
 
 /* rows split across threads; one row (decode) runs on the caller alone: a
  * parallel region would only add a barrier */
+static void swiglu_row(const kn_cpu_kernels *k, const float *g, const float *u, float *o, int dim) {
+    if (k->silu_mul) k->silu_mul(o, g, u, dim);
+    else
+        for (int j = 0; j < dim; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+}
+
 static void cpu_swiglu(kn_backend *be, const float *gate_up, int rows, int dim, float *out) {
-#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 1)
-    for (int r = 0; r < rows; r++) {
-        const float *g = gate_up + (int64_t)r * 2 * dim, *u = g + dim;
-        float *o = out + (int64_t)r * dim;
-        if (cpu(be)->k->silu_mul) cpu(be)->k->silu_mul(o, g, u, dim);
-        else
-            for (int j = 0; j < dim; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    const kn_cpu_kernels *k = cpu(be)->k;
+    if (rows == 1) {
+        swiglu_row(k, gate_up, gate_up + dim, out, dim);
+        return;
     }
+#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+    for (int r = 0; r < rows; r++)
+        swiglu_row(k, gate_up + (int64_t)r * 2 * dim, gate_up + (int64_t)r * 2 * dim + dim, out + (int64_t)r * dim, dim);
 }
 
 static void cpu_layer_norm(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,

@@ -16,31 +16,37 @@
 
 #include "base/kv_codec.h"
 
-void kn_cpu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
-                     int n_tokens, const int32_t *slots) {
+/* Row i (token i / n_kv_heads, head i % n_kv_heads) of a kv_write. */
+static void kv_write_row(const kn_kv_layer *kv, const float *k, const float *v, int64_t stride, const int32_t *slots,
+                         int i) {
     const int D = kv->head_dim, nkv = kv->n_kv_heads;
     const int64_t kb = kn_kv_row_bytes(kv->k_fmt, D), vb = kn_kv_row_bytes(kv->v_fmt, D);
     const int64_t sb = kn_kv_row_bytes(kv->s_fmt, D), n_main = kv->n_blocks * kv->block_size;
-    const int rows = n_tokens * nkv;
-#pragma omp parallel for num_threads(be->n_threads) schedule(static) if (rows > 64)
-    for (int i = 0; i < rows; i++) {
-        float tmp[KN_KV_MAX_DIM];
-        const int t = i / nkv, h = i % nkv;
-        const int64_t slot = slots[t];
-        if (slot >= n_main) { /* a staging block (delayed conversion): plain rows */
-            const kn_kv_aux none = {NULL, NULL, 1.0f};
-            const int64_t r = ((slot - n_main) * nkv + h) * sb;
-            kn_kv_encode(kv->s_fmt, k + t * stride + (int64_t)h * D, D, (uint8_t *)kv->sk + r, &none, tmp);
-            kn_kv_encode(kv->s_fmt, v + t * stride + (int64_t)h * D, D, (uint8_t *)kv->sv + r, &none, tmp);
-            continue;
-        }
-        kn_kv_aux ak = {kv->k_tab, kv->signs, kv->k_scale ? kv->k_scale[h] : 1.0f};
-        kn_kv_aux av = {kv->v_tab, kv->signs, kv->v_scale ? kv->v_scale[h] : 1.0f};
-        uint8_t *kr = (uint8_t *)kv->k + (slot * nkv + h) * kb;
-        uint8_t *vr = (uint8_t *)kv->v + (slot * nkv + h) * vb;
-        kn_kv_encode(kv->k_fmt, k + t * stride + (int64_t)h * D, D, kr, &ak, tmp);
-        kn_kv_encode(kv->v_fmt, v + t * stride + (int64_t)h * D, D, vr, &av, tmp);
+    float tmp[KN_KV_MAX_DIM];
+    const int t = i / nkv, h = i % nkv;
+    const int64_t slot = slots[t];
+    if (slot >= n_main) { /* a staging block (delayed conversion): plain rows */
+        const kn_kv_aux none = {NULL, NULL, 1.0f};
+        const int64_t r = ((slot - n_main) * nkv + h) * sb;
+        kn_kv_encode(kv->s_fmt, k + t * stride + (int64_t)h * D, D, (uint8_t *)kv->sk + r, &none, tmp);
+        kn_kv_encode(kv->s_fmt, v + t * stride + (int64_t)h * D, D, (uint8_t *)kv->sv + r, &none, tmp);
+        return;
     }
+    const kn_kv_aux ak = {kv->k_tab, kv->signs, kv->k_scale ? kv->k_scale[h] : 1.0f};
+    const kn_kv_aux av = {kv->v_tab, kv->signs, kv->v_scale ? kv->v_scale[h] : 1.0f};
+    kn_kv_encode(kv->k_fmt, k + t * stride + (int64_t)h * D, D, (uint8_t *)kv->k + (slot * nkv + h) * kb, &ak, tmp);
+    kn_kv_encode(kv->v_fmt, v + t * stride + (int64_t)h * D, D, (uint8_t *)kv->v + (slot * nkv + h) * vb, &av, tmp);
+}
+
+void kn_cpu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
+                     int n_tokens, const int32_t *slots) {
+    const int rows = n_tokens * kv->n_kv_heads;
+    if (rows <= 64) { /* a decode step's rows on the calling thread (an OpenMP region costs more than they do) */
+        for (int i = 0; i < rows; i++) kv_write_row(kv, k, v, stride, slots, i);
+        return;
+    }
+#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+    for (int i = 0; i < rows; i++) kv_write_row(kv, k, v, stride, slots, i);
 }
 
 void kn_cpu_kv_convert(kn_backend *be, const kn_kv_layer *kv, const int32_t *src, const int32_t *dst, int n) {

@@ -85,6 +85,33 @@ static inline void decode_row(int f, const uint8_t *src, int D, const kn_kv_aux 
     else kn_kv_decode_rot(f, src, D, aux, row);
 }
 
+/* Software prefetch of n rows of row_bytes each, stride bytes apart: the
+ * rows of a later cache block, requested while this one is computed (a
+ * head's rows are strided by the other heads', and a block's rows need not
+ * follow the previous block's). Two blocks ahead: at 1k context (0.44B
+ * bf16 decode) 193 us per layer without, 159 one block ahead, 154 two, 146
+ * four. (Reading each position's rows whole instead, with positions split
+ * into chunks, measured no faster in the model and slower alone.) */
+#define ATTN_PREFETCH_BLOCKS 2
+static inline void prefetch_rows(const uint8_t *p, int64_t stride, int n, int64_t row_bytes) {
+    for (int r = 0; r < n; r++)
+        for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(p + r * stride + o, 0, 3);
+}
+
+/* The address of position j's row of kv head kvh in a K or V arena
+ * (staged: the staging arena), and the format of that row. */
+static inline const uint8_t *row_at(const kn_kv_layer *kv, const int32_t *bt, int j, int kvh, int is_v, int *fmt) {
+    const int bs = kv->block_size, nkv = kv->n_kv_heads, D = kv->head_dim;
+    const int64_t blk = bt[j / bs], slot = blk * bs + j % bs, n_main = kv->n_blocks;
+    if (blk >= n_main) {
+        *fmt = kv->s_fmt;
+        return (const uint8_t *)(is_v ? kv->sv : kv->sk) +
+               ((slot - n_main * bs) * nkv + kvh) * kn_kv_row_bytes(kv->s_fmt, D);
+    }
+    *fmt = is_v ? kv->v_fmt : kv->k_fmt;
+    return (const uint8_t *)(is_v ? kv->v : kv->k) + (slot * nkv + kvh) * kn_kv_row_bytes(*fmt, D);
+}
+
 /* Query tokens attend in blocks: up to ATTN_BLOCK consecutive positions of
  * one sequence (a prefill run) share each K/V row read, as B * G query
  * vectors of one KV head. Causality per vector: the later keys of a block
@@ -159,6 +186,13 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                     if (rf == KN_KVF_BF16 && k->dot_rows_bf16 && D % 16 == 0) {
                         const int run =
                             (j / bs + 1) * bs - j < last_v + 1 - j ? (j / bs + 1) * bs - j : last_v + 1 - j;
+                        const int jn = (j / bs + ATTN_PREFETCH_BLOCKS) * bs;
+                        if (jn <= last_v) { /* a later block's rows while this one is computed */
+                            int nf;
+                            const int nn = last_v + 1 - jn < bs ? last_v + 1 - jn : bs;
+                            const uint8_t *np = row_at(kv, bt, jn, kvh, 0, &nf);
+                            prefetch_rows(np, nkv * kn_kv_row_bytes(nf, D), nn, kn_kv_row_bytes(nf, D));
+                        }
                         k->dot_rows_bf16(qb, ng, D, rp, nkv * (staged ? sb : kb), run, sc + (j - lo), n);
                         j += run;
                         continue;
@@ -209,6 +243,13 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                     if (staged && vrot && !any_plain) memset(ap, 0, (size_t)ng * D * sizeof(float)), any_plain = 1;
                     if (rf == KN_KVF_BF16 && k->axpy_rows_bf16 && D % 16 == 0) {
                         const int run = (j / bs + 1) * bs - j < end + 1 - j ? (j / bs + 1) * bs - j : end + 1 - j;
+                        const int jn = (j / bs + ATTN_PREFETCH_BLOCKS) * bs;
+                        if (jn <= last_v) { /* a later block's rows while this one is computed */
+                            int nf;
+                            const int nn = last_v + 1 - jn < bs ? last_v + 1 - jn : bs;
+                            const uint8_t *np = row_at(kv, bt, jn, kvh, 1, &nf);
+                            prefetch_rows(np, nkv * kn_kv_row_bytes(nf, D), nn, kn_kv_row_bytes(nf, D));
+                        }
                         k->axpy_rows_bf16(base, ng - vf0, D, rp, nkv * (staged ? sb : vb), run, w, n);
                         j += run;
                         continue;

@@ -112,6 +112,17 @@ static inline const uint8_t *row_at(const kn_kv_layer *kv, const int32_t *bt, in
     return (const uint8_t *)(is_v ? kv->v : kv->k) + (slot * nkv + kvh) * kn_kv_row_bytes(*fmt, D);
 }
 
+/* Prefetch kv head kvh's rows of the cache block ATTN_PREFETCH_BLOCKS
+ * after position j's, up to position last. */
+static inline void prefetch_block(const kn_kv_layer *kv, const int32_t *bt, int j, int last, int kvh, int is_v) {
+    const int bs = kv->block_size, jn = (j / bs + ATTN_PREFETCH_BLOCKS) * bs;
+    if (jn > last) return;
+    int f;
+    const uint8_t *p = row_at(kv, bt, jn, kvh, is_v, &f);
+    const int64_t rb = kn_kv_row_bytes(f, kv->head_dim);
+    prefetch_rows(p, kv->n_kv_heads * rb, last + 1 - jn < bs ? last + 1 - jn : bs, rb);
+}
+
 /* Query tokens attend in blocks: up to ATTN_BLOCK consecutive positions of
  * one sequence (a prefill run) share each K/V row read, as B * G query
  * vectors of one KV head. Causality per vector: the later keys of a block
@@ -178,21 +189,14 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                 /* raw scores q . k: bf16 rows (stored or staged) one cache block at a time through the
                  * kernel set's run kernel where it has one, other rows one by one */
                 for (int j = lo; j <= last_v;) {
-                    const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
-                    const int staged = blk >= n_main, rf = staged ? kv->s_fmt : kf;
-                    const uint8_t *rp = staged ? (const uint8_t *)kv->sk + ((slot - n_main * bs) * nkv + kvh) * sb
-                                               : (const uint8_t *)kv->k + (slot * nkv + kvh) * kb;
+                    int rf;
+                    const uint8_t *rp = row_at(kv, bt, j, kvh, 0, &rf);
+                    const int staged = bt[j / bs] >= n_main;
                     const float *qb = staged && krot ? qp : qr;
                     if (rf == KN_KVF_BF16 && k->dot_rows_bf16 && D % 16 == 0) {
                         const int run =
                             (j / bs + 1) * bs - j < last_v + 1 - j ? (j / bs + 1) * bs - j : last_v + 1 - j;
-                        const int jn = (j / bs + ATTN_PREFETCH_BLOCKS) * bs;
-                        if (jn <= last_v) { /* a later block's rows while this one is computed */
-                            int nf;
-                            const int nn = last_v + 1 - jn < bs ? last_v + 1 - jn : bs;
-                            const uint8_t *np = row_at(kv, bt, jn, kvh, 0, &nf);
-                            prefetch_rows(np, nkv * kn_kv_row_bytes(nf, D), nn, kn_kv_row_bytes(nf, D));
-                        }
+                        prefetch_block(kv, bt, j, last_v, kvh, 0); /* a later block's, while this one runs */
                         k->dot_rows_bf16(qb, ng, D, rp, nkv * (staged ? sb : kb), run, sc + (j - lo), n);
                         j += run;
                         continue;
@@ -231,10 +235,9 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                  * vectors of tokens at or after it (no 0 * v terms: a row past a token is never read for it) */
                 const int pf = a->pos[t0 + g0 / G];
                 for (int j = lo; j <= last_v;) {
-                    const int64_t blk = bt[j / bs], slot = blk * bs + j % bs;
-                    const int staged = blk >= n_main, rf = staged ? kv->s_fmt : vf;
-                    const uint8_t *rp = staged ? (const uint8_t *)kv->sv + ((slot - n_main * bs) * nkv + kvh) * sb
-                                               : (const uint8_t *)kv->v + (slot * nkv + kvh) * vb;
+                    int rf;
+                    const uint8_t *rp = row_at(kv, bt, j, kvh, 1, &rf);
+                    const int staged = bt[j / bs] >= n_main;
                     const int vf0 = j <= pf ? 0 : (j - p0) * G - g0; /* the first vector that sees row j */
                     const int end = j <= pf ? pf : j;                /* rows [j, end] share that vector set */
                     /* staged rows are plain: next to rotated values they get their own accumulator */
@@ -243,13 +246,7 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                     if (staged && vrot && !any_plain) memset(ap, 0, (size_t)ng * D * sizeof(float)), any_plain = 1;
                     if (rf == KN_KVF_BF16 && k->axpy_rows_bf16 && D % 16 == 0) {
                         const int run = (j / bs + 1) * bs - j < end + 1 - j ? (j / bs + 1) * bs - j : end + 1 - j;
-                        const int jn = (j / bs + ATTN_PREFETCH_BLOCKS) * bs;
-                        if (jn <= last_v) { /* a later block's rows while this one is computed */
-                            int nf;
-                            const int nn = last_v + 1 - jn < bs ? last_v + 1 - jn : bs;
-                            const uint8_t *np = row_at(kv, bt, jn, kvh, 1, &nf);
-                            prefetch_rows(np, nkv * kn_kv_row_bytes(nf, D), nn, kn_kv_row_bytes(nf, D));
-                        }
+                        prefetch_block(kv, bt, j, last_v, kvh, 1); /* a later block's, while this one runs */
                         k->axpy_rows_bf16(base, ng - vf0, D, rp, nkv * (staged ? sb : vb), run, w, n);
                         j += run;
                         continue;

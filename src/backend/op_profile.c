@@ -111,23 +111,19 @@ static void p_attention(kn_backend *be, const kn_attention_args *a) {
     P.real->attention(be, a);
     end(be, i);
 }
-static void shape_name(char *name, size_t cap, const char *op, int M, const kn_weight *w) {
-    snprintf(name, cap, "%s M=%d N=%lld K=%lld", op, M, (long long)w->rows, (long long)w->cols);
-}
-static void p_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
-    char name[64];
-    shape_name(name, sizeof name, "matmul", M, w);
-    const int i = begin(be, name);
-    P.real->matmul(be, x, M, w, bias, out);
-    end(be, i);
-}
-static void p_matmul_add(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
-    char name[64];
-    shape_name(name, sizeof name, "matmul_add", M, w);
-    const int i = begin(be, name);
-    P.real->matmul_add(be, x, M, w, bias, out);
-    end(be, i);
-}
+/* matmul and matmul_add: one row per op and shape */
+#define WRAP_MATMUL(op)                                                                                                \
+    static void p_##op(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {     \
+        char name[64];                                                                                                 \
+        snprintf(name, sizeof name, #op " M=%d N=%lld K=%lld", M, (long long)w->rows, (long long)w->cols);             \
+        const int i = begin(be, name);                                                                                 \
+        P.real->op(be, x, M, w, bias, out);                                                                            \
+        end(be, i);                                                                                                    \
+    }
+WRAP_MATMUL(matmul)
+WRAP_MATMUL(matmul_add)
+#undef WRAP_MATMUL
+
 static int p_fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                           const float *bias, float *out, int epi) {
     char name[64];

@@ -102,13 +102,19 @@ int main(void) {
         CHECK(kn_kv_seq_reserve(p, &s3, 10, &err) == KN_ERR_NOMEM && s3.n_blocks == 0 && s3.n_ring == 0 &&
                   p->n_free == free0 && p->n_stage_free == stage_free && r->n_free == 1 && r->n_stage_free == 0,
               "ring staging exhaustion must fail cleanly: %s", err.msg);
-        /* rows of positions 0..31 (ring: the first two entries), then the conversion */
+        /* rows of positions 0..31 (ring: the first two entries) through the staging views, as the model
+         * writes a staged sequence (slots rebased by the pools' block counts), then the conversion */
         float k[32], v[32];
+        const kn_kv_layer mv = kn_kv_stage_view(&p->layers[0]), rv = kn_kv_stage_view(&r->layers[0]);
         for (int t = 0; t < 32; t++) {
             for (int d = 0; d < 32; d++) k[d] = 0.01f * (float)(t * 32 + d) - 5.0f, v[d] = -k[d];
-            const int32_t ms = kn_kv_seq_slot(p, &s1, t), rs2 = kn_kv_seq_ring_slot(p, &s1, t);
-            be->vt->kv_write(be, &p->layers[0], k, v, 32, 1, &ms);
-            be->vt->kv_write(be, &r->layers[0], k, v, 32, 1, &rs2);
+            const int32_t ms = kn_kv_seq_slot(p, &s1, t) - (int32_t)p->n_blocks * 16;
+            const int32_t rs2 = kn_kv_seq_ring_slot(p, &s1, t) - (int32_t)r->n_blocks * 16;
+            CHECK(ms >= 0 && rs2 >= 0, "position %d of a staged sequence lies in staging blocks", t);
+            if (ms >= 0 && rs2 >= 0) {
+                be->vt->kv_write(be, &mv, k, v, 32, 1, &ms);
+                be->vt->kv_write(be, &rv, k, v, 32, 1, &rs2);
+            }
         }
         s1.n_tokens = 32;
         CHECK(kn_kv_seq_convert(p, &s1, &err) == KN_OK && s1.converted_at == 32 && s1.n_ring_shadow == 0 &&

@@ -85,9 +85,11 @@ typedef struct {
     const float *k_tab, *v_tab;     /* rotated formats: codebook (centroids, boundaries); else NULL */
     const float *signs;             /* rotated formats: [head_dim] +-1 sign flips of the rotation */
     const float *k_scale, *v_scale; /* fp8: [n_kv_heads] scales; else NULL */
-    /* delayed conversion (--kv-start): block ids >= n_blocks name blocks of a
-     * staging arena holding rows in s_fmt (bf16, never rotated) until their
-     * sequence is converted; NULL/0 when unused */
+    /* delayed conversion (--kv-start): the pool's staging arena, rows in s_fmt
+     * (bf16, never rotated) of sequences not yet converted; its block i is
+     * the pool's block n_blocks + i. Ops other than kv_convert never see it:
+     * the model writes and attends to staged sequences through a view of it
+     * as a cache of its own (kn_kv_stage_view). NULL/0 when unused */
     void *sk, *sv; /* [n_stage_blocks * block_size][n_kv_heads][row bytes of s_fmt] */
     int s_fmt;
     int64_t n_stage_blocks;

@@ -174,6 +174,18 @@ static inline int kn_kv_max_append(const kn_kv_pool *pool, const kn_kv_seq *seq,
 /* Convert seq (it must hold kv_start tokens); no-op when not staged. */
 kn_code kn_kv_seq_convert(kn_kv_pool *pool, kn_kv_seq *seq, kn_error *err);
 
+/* A layer's staging arena as a cache of its own: rows in s_fmt (bf16, never
+ * rotated), staging block i of the pool as block i - pool->n_blocks. A
+ * staged sequence lives wholly in staging blocks (positions < kv_start; the
+ * prefix cache is off for such pools), so the model writes and attends to
+ * it through this view with rebased slots and block tables, and the op
+ * kernels never see a staging block. */
+static inline kn_kv_layer kn_kv_stage_view(const kn_kv_layer *L) {
+    kn_kv_layer v = {.k = L->sk, .v = L->sv, .block_size = L->block_size, .n_kv_heads = L->n_kv_heads,
+                     .head_dim = L->head_dim, .n_blocks = L->n_stage_blocks, .k_fmt = L->s_fmt, .v_fmt = L->s_fmt};
+    return v;
+}
+
 static inline int32_t kn_kv_seq_slot(const kn_kv_pool *pool, const kn_kv_seq *seq, int pos) {
     return seq->blocks[pos / pool->block_size] * pool->block_size + pos % pool->block_size;
 }

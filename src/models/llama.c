@@ -222,6 +222,9 @@ static void free_model_memory(kn_model *m) {
     float *g4[] = {m->ple_proj_norm, m->ple, m->ple_tmp, m->ple_g, m->ones};
     for (size_t i = 0; i < sizeof g4 / sizeof *g4; i++) kn_be_free(be, g4[i]);
     free(m->kvl);
+    free(m->kvl_stage);
+    kn_be_free(be, m->d_bt_stage), kn_be_free(be, m->d_bt_ring_stage);
+    free(m->h_bt_stage), free(m->h_bt_ring_stage);
     kn_be_free(be, (void *)m->rope.inv_freq);
     kn_be_free(be, (void *)m->rope_local.inv_freq);
     float *scratch[] = {m->x,      m->xn,      m->qkv,         m->attn,   m->gu,          m->act,   m->tmp,
@@ -359,6 +362,15 @@ static kn_code build_kv(kn_model *m, const kn_kv_spec *kv, kn_error *err) {
         m->d_slots_ring = kn_be_alloc(m->be, (size_t)m->max_chunk * 4);
         if (!m->d_bt_ring || !m->h_bt_ring || !m->d_slots_ring)
             return kn_fail(err, KN_ERR_NOMEM, "out of memory for the sliding-window block tables");
+    }
+    if (spec.kv_start > 0) { /* delayed conversion: staged sequences through views of the staging arenas */
+        const size_t bt = (size_t)m->max_seqs * (size_t)m->max_blocks * 4;
+        m->kvl_stage = calloc((size_t)nl, sizeof *m->kvl_stage);
+        m->d_bt_stage = kn_be_alloc(m->be, bt), m->h_bt_stage = malloc(bt);
+        if (n_in[1]) m->d_bt_ring_stage = kn_be_alloc(m->be, bt), m->h_bt_ring_stage = malloc(bt);
+        if (!m->kvl_stage || !m->d_bt_stage || !m->h_bt_stage || (n_in[1] && (!m->d_bt_ring_stage || !m->h_bt_ring_stage)))
+            return kn_fail(err, KN_ERR_NOMEM, "out of memory for the --kv-start staging views");
+        for (int l = 0; l < nl; l++) m->kvl_stage[l] = kn_kv_stage_view(&m->kvl[l]);
     }
     return KN_OK;
 }
@@ -680,11 +692,15 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
         op->rms_norm(be, q, qs, q, qs, n, 1, L->q_dim, L->q_norm, eps);
         op->rms_norm(be, k, qs, k, qs, n, 1, L->kv_dim, L->k_norm, eps);
     }
+    /* delayed conversion: the first ns tokens (staged sequences) go to the staging views */
+    const int ns = m->kvl_stage ? m->n_staged : 0;
+    const kn_kv_layer *kvw = ns == n ? &m->kvl_stage[l] : &m->kvl[l]; /* the one cache of an unsplit batch */
+    int32_t *slots = L->in_ring ? m->d_slots_ring : m->d_slots;
     int roped = 0; /* per-head q/k norms, RoPE and the cache write in one pass, where the backend has it */
-    if (c->layer_rope[l] && !m->rope_runs && !shared && L->q_dim == c->n_heads * hd && op->rope_kv_write)
-        roped = written = op->rope_kv_write(be, q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt, &m->kvl[l],
-                                            L->in_ring ? m->d_slots_ring : m->d_slots, head_norm ? L->q_norm : NULL,
-                                            head_norm ? L->k_norm : NULL, eps);
+    if (c->layer_rope[l] && !m->rope_runs && !shared && L->q_dim == c->n_heads * hd && op->rope_kv_write &&
+        (ns == 0 || ns == n))
+        roped = written = op->rope_kv_write(be, q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt, kvw, slots,
+                                            head_norm ? L->q_norm : NULL, head_norm ? L->k_norm : NULL, eps);
     if (!roped) { /* the same steps one op at a time */
         if (head_norm) {
             op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
@@ -707,7 +723,10 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
             }
         }
     }
-    if (!shared && !written) op->kv_write(be, &m->kvl[l], k, v, qs, n, L->in_ring ? m->d_slots_ring : m->d_slots);
+    if (!shared && !written) {
+        if (ns > 0) op->kv_write(be, &m->kvl_stage[l], k, v, qs, ns, slots);
+        if (ns < n) op->kv_write(be, &m->kvl[l], k + (int64_t)ns * qs, v + (int64_t)ns * qs, qs, n - ns, slots + ns);
+    }
     kn_attention_args a = {
         .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
         .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
@@ -716,7 +735,18 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
         .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
         .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
     };
-    op->attention(be, &a);
+    if (ns > 0) { /* staged sequences' tokens against the staging views */
+        kn_attention_args as = a;
+        as.n_tokens = ns, as.kv = &m->kvl_stage[L->kv_source];
+        as.block_tables = L->in_ring ? m->d_bt_ring_stage : m->d_bt_stage;
+        op->attention(be, &as);
+    }
+    if (ns < n) {
+        const int64_t o = ns; /* the other tokens, from row ns on */
+        a.q = q + o * qs, a.out = m->attn + o * c->n_heads * hd, a.n_tokens = n - ns;
+        a.pos = m->d_pos + o, a.seq = m->d_seq + o, a.pos_host = b->pos + o, a.seq_host = b->seq + o;
+        op->attention(be, &a);
+    }
 }
 
 /* Enqueue the whole forward of batch b (index arrays already uploaded);
@@ -831,6 +861,32 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
         kn_code rc;
         if (lo >= start && hi >= 0 && (rc = kn_kv_seq_convert(m->kv, sq, err))) return rc;
     }
+    /* staged sequences' tokens first (stable), so that kn_dec_attention writes and reads them through
+     * the staging views as one run; every other op is per token, and logits rows follow logit_rows */
+    kn_batch pb;
+    int32_t p_tok[MAX_CHUNK], p_pos[MAX_CHUNK], p_seq[MAX_CHUNK], p_rows[MAX_CHUNK], new_of[MAX_CHUNK];
+    m->n_staged = 0;
+    if (m->kvl_stage) {
+        for (int t = 0; t < n; t++) m->n_staged += kn_kv_seq_staged(m->kv, b->seqs[b->seq[t]]);
+        if (m->n_staged > 0 && m->n_staged < n) {
+            if (b->n_logits < 0 || b->n_logits > MAX_CHUNK)
+                return kn_fail(err, KN_ERR_INVALID_ARG, "forward: %d logits rows", b->n_logits);
+            int k = 0;
+            for (int pass = 0; pass < 2; pass++)
+                for (int t = 0; t < n; t++)
+                    if (kn_kv_seq_staged(m->kv, b->seqs[b->seq[t]]) == !pass)
+                        p_tok[k] = b->tokens[t], p_pos[k] = b->pos[t], p_seq[k] = b->seq[t], new_of[t] = k++;
+            for (int r = 0; r < b->n_logits; r++) {
+                if (b->logit_rows[r] < 0 || b->logit_rows[r] >= n)
+                    return kn_fail(err, KN_ERR_INVALID_ARG, "forward: logits row %d names token %d of %d", r,
+                                   b->logit_rows[r], n);
+                p_rows[r] = new_of[b->logit_rows[r]];
+            }
+            pb = *b;
+            pb.tokens = p_tok, pb.pos = p_pos, pb.seq = p_seq, pb.logit_rows = p_rows;
+            b = &pb;
+        }
+    }
     int32_t slots[MAX_CHUNK], ring_slots[MAX_CHUNK];
     const kn_kv_pool *ring = m->kv->ring;
     for (int t = 0; t < n; t++) {
@@ -846,6 +902,13 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
             if (s->n_ring < (s->n_blocks < m->kv->ring_blocks ? s->n_blocks : m->kv->ring_blocks))
                 return kn_fail(err, KN_ERR_INVALID_ARG, "sequence has no reserved sliding-window blocks");
             ring_slots[t] = kn_kv_seq_ring_slot(m->kv, s, b->pos[t]);
+        }
+        if (t < m->n_staged) { /* slots of the staging views */
+            slots[t] -= (int32_t)(m->kv->n_blocks * KN_KV_BLOCK_SIZE);
+            if (ring) ring_slots[t] -= (int32_t)(ring->n_blocks * KN_KV_BLOCK_SIZE);
+            if (slots[t] < 0 || (ring && ring_slots[t] < 0))
+                return kn_fail(err, KN_ERR_INTERNAL, "forward: a staged sequence's position %d is not in a staging "
+                               "block", b->pos[t]);
         }
     }
     if (m->rope_runs) { /* RoPE frequencies of each sequence for this call's length (its largest position + 1) */
@@ -879,6 +942,15 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
         kn_be_upload(be, m->d_bt_ring, m->h_bt_ring, (size_t)b->n_seqs * (size_t)m->max_blocks * 4);
         kn_be_upload(be, m->d_slots_ring, ring_slots, (size_t)n * 4);
     }
+    if (m->n_staged > 0) { /* staged sequences' tables into the staging views (staging block i -> i - n_blocks) */
+        const size_t rows = (size_t)b->n_seqs * (size_t)m->max_blocks;
+        for (int pool = 0; pool < (ring ? 2 : 1); pool++) {
+            int32_t *h = pool ? m->h_bt_ring_stage : m->h_bt_stage, *src = pool ? m->h_bt_ring : bt_host;
+            const int64_t nb = pool ? ring->n_blocks : m->kv->n_blocks;
+            for (size_t i = 0; i < rows; i++) h[i] = src[i] >= nb ? (int32_t)(src[i] - nb) : 0;
+            kn_be_upload(be, pool ? m->d_bt_ring_stage : m->d_bt_stage, h, rows * 4);
+        }
+    }
     kn_be_upload(be, m->d_tokens, b->tokens, (size_t)n * 4);
     if (m->d_ple_tokens) { /* gemma3n: ids past the per-layer table use its row 0 (as Gemma3nModel does) */
         int32_t ple_ids[MAX_CHUNK];
@@ -903,8 +975,9 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     if (op->graph_replay && n == b->n_seqs && b->n_logits <= m->logits_rows && (!m->rope_runs || m->n_runs == n)) {
         int max_pos = 0;
         for (int t = 0; t < n; t++) max_pos = b->pos[t] > max_pos ? b->pos[t] : max_pos;
-        key = ((uint64_t)kn_ctx_bucket(max_pos) << 42) | ((uint64_t)n << 32) | ((uint64_t)b->n_logits << 8) |
-              (b->argmax ? 2u : 0u) | (b->sample ? 4u : 0u) | 1u;
+        /* the split of a --kv-start batch (staged tokens first) changes the ops' arguments: part of the key */
+        key = ((uint64_t)kn_ctx_bucket(max_pos) << 52) | ((uint64_t)m->n_staged << 42) | ((uint64_t)n << 32) |
+              ((uint64_t)b->n_logits << 8) | (b->argmax ? 2u : 0u) | (b->sample ? 4u : 0u) | 1u;
     }
     if (!(key && op->graph_replay(be, key))) {
         int recording = key && op->graph_begin(be, key);

@@ -94,6 +94,12 @@ struct kn_model {
     kn_weight *alt_proj, *alt_unembed;
     float *alt_s, *alt_p, *alt_w, *alt_mod, *laurel_t, *laurel_o;
     kn_kv_layer *kvl;             /* [n_layers] per-layer views of the KV pool with the layer's shape */
+    /* delayed conversion (--kv-start; NULL otherwise): kvl's staging arenas as caches (kn_kv_stage_view);
+     * kn_model_forward puts the tokens of staged sequences first (n_staged of them), with slots and
+     * block tables (d_bt_stage, d_bt_ring_stage) rebased into those views */
+    kn_kv_layer *kvl_stage;
+    int32_t *d_bt_stage, *h_bt_stage, *d_bt_ring_stage, *h_bt_ring_stage;
+    int n_staged;
     kn_layer *layers;
     kn_rope_table rope, rope_local; /* rope_local: sliding layers of gemma3 (else unused) */
     /* length-dependent RoPE (dynamic, longrope): per forward call, one table

@@ -21,17 +21,9 @@ static void kv_write_row(const kn_kv_layer *kv, const float *k, const float *v, 
                          int i) {
     const int D = kv->head_dim, nkv = kv->n_kv_heads;
     const int64_t kb = kn_kv_row_bytes(kv->k_fmt, D), vb = kn_kv_row_bytes(kv->v_fmt, D);
-    const int64_t sb = kn_kv_row_bytes(kv->s_fmt, D), n_main = kv->n_blocks * kv->block_size;
     float tmp[KN_KV_MAX_DIM];
     const int t = i / nkv, h = i % nkv;
     const int64_t slot = slots[t];
-    if (slot >= n_main) { /* a staging block (delayed conversion): plain rows */
-        const kn_kv_aux none = {NULL, NULL, 1.0f};
-        const int64_t r = ((slot - n_main) * nkv + h) * sb;
-        kn_kv_encode(kv->s_fmt, k + t * stride + (int64_t)h * D, D, (uint8_t *)kv->sk + r, &none, tmp);
-        kn_kv_encode(kv->s_fmt, v + t * stride + (int64_t)h * D, D, (uint8_t *)kv->sv + r, &none, tmp);
-        return;
-    }
     const kn_kv_aux ak = {kv->k_tab, kv->signs, kv->k_scale ? kv->k_scale[h] : 1.0f};
     const kn_kv_aux av = {kv->v_tab, kv->signs, kv->v_scale ? kv->v_scale[h] : 1.0f};
     kn_kv_encode(kv->k_fmt, k + t * stride + (int64_t)h * D, D, (uint8_t *)kv->k + (slot * nkv + h) * kb, &ak, tmp);
@@ -69,10 +61,10 @@ void kn_cpu_kv_convert(kn_backend *be, const kn_kv_layer *kv, const int32_t *src
     }
 }
 
-/* Row of D elements in format f as float: rotated formats stay in the rotated
- * domain unless unrot (then as kn_kv_decode). bf16 and f32 rows (the default
- * cache) are converted in one pass instead of element by element. */
-static inline void decode_row(int f, const uint8_t *src, int D, const kn_kv_aux *aux, int unrot, float *row) {
+/* Row of D elements in format f as float: rotated formats stay in the
+ * rotated domain. bf16 and f32 rows (the default cache) are converted in one
+ * pass instead of element by element. */
+static inline void decode_row(int f, const uint8_t *src, int D, const kn_kv_aux *aux, float *row) {
     if (f == KN_KVF_BF16) {
         for (int d = 0; d < D; d++) {
             uint16_t h;
@@ -81,7 +73,6 @@ static inline void decode_row(int f, const uint8_t *src, int D, const kn_kv_aux 
             memcpy(row + d, &u, 4);
         }
     } else if (f == KN_KVF_F32) memcpy(row, src, (size_t)D * sizeof(float));
-    else if (unrot) kn_kv_decode(f, src, D, aux, row);
     else kn_kv_decode_rot(f, src, D, aux, row);
 }
 
@@ -98,18 +89,12 @@ static inline void prefetch_rows(const uint8_t *p, int64_t stride, int n, int64_
         for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(p + r * stride + o, 0, 3);
 }
 
-/* The address of position j's row of kv head kvh in a K or V arena
- * (staged: the staging arena), and the format of that row. */
-static inline const uint8_t *row_at(const kn_kv_layer *kv, const int32_t *bt, int j, int kvh, int is_v, int *fmt) {
-    const int bs = kv->block_size, nkv = kv->n_kv_heads, D = kv->head_dim;
-    const int64_t blk = bt[j / bs], slot = blk * bs + j % bs, n_main = kv->n_blocks;
-    if (blk >= n_main) {
-        *fmt = kv->s_fmt;
-        return (const uint8_t *)(is_v ? kv->sv : kv->sk) +
-               ((slot - n_main * bs) * nkv + kvh) * kn_kv_row_bytes(kv->s_fmt, D);
-    }
-    *fmt = is_v ? kv->v_fmt : kv->k_fmt;
-    return (const uint8_t *)(is_v ? kv->v : kv->k) + (slot * nkv + kvh) * kn_kv_row_bytes(*fmt, D);
+/* The address of position j's row of kv head kvh in the K or V arena. */
+static inline const uint8_t *row_at(const kn_kv_layer *kv, const int32_t *bt, int j, int kvh, int is_v) {
+    const int bs = kv->block_size;
+    const int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
+    return (const uint8_t *)(is_v ? kv->v : kv->k) +
+           (slot * kv->n_kv_heads + kvh) * kn_kv_row_bytes(is_v ? kv->v_fmt : kv->k_fmt, kv->head_dim);
 }
 
 /* Prefetch kv head kvh's rows of the cache block ATTN_PREFETCH_BLOCKS
@@ -117,9 +102,8 @@ static inline const uint8_t *row_at(const kn_kv_layer *kv, const int32_t *bt, in
 static inline void prefetch_block(const kn_kv_layer *kv, const int32_t *bt, int j, int last, int kvh, int is_v) {
     const int bs = kv->block_size, jn = (j / bs + ATTN_PREFETCH_BLOCKS) * bs;
     if (jn > last) return;
-    int f;
-    const uint8_t *p = row_at(kv, bt, jn, kvh, is_v, &f);
-    const int64_t rb = kn_kv_row_bytes(f, kv->head_dim);
+    const uint8_t *p = row_at(kv, bt, jn, kvh, is_v);
+    const int64_t rb = kn_kv_row_bytes(is_v ? kv->v_fmt : kv->k_fmt, kv->head_dim);
     prefetch_rows(p, kv->n_kv_heads * rb, last + 1 - jn < bs ? last + 1 - jn : bs, rb);
 }
 
@@ -138,7 +122,6 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
     const int D = kv->head_dim, nkv = kv->n_kv_heads, G = a->n_heads / nkv, bs = kv->block_size;
     const int kf = kv->k_fmt, vf = kv->v_fmt, krot = kn_kv_fmt_rotated(kf), vrot = kn_kv_fmt_rotated(vf);
     const int64_t kb = kn_kv_row_bytes(kf, D), vb = kn_kv_row_bytes(vf, D);
-    const int64_t sb = kn_kv_row_bytes(kv->s_fmt, D), n_main = kv->n_blocks;
     /* blocks of tokens: [start[i], start[i + 1]) */
     int *start = malloc(((size_t)a->n_tokens + 1) * sizeof(int));
     if (!start) return; /* out of memory: the rows stay unwritten (callers size hosts generously) */
@@ -156,13 +139,9 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
 #pragma omp parallel num_threads(be->n_threads)
     {
         float *sc = scratch + (size_t)omp_get_thread_num() * (size_t)scratch_len;
-        /* qr [VG][D], acc [VG][D], row [D], mx [VG], inv [VG], then for staging
-         * rows next to rotated formats: qp [VG][D] (plain query), ap [VG][D]
-         * (plain accumulator) */
-        float *buf = malloc(((size_t)4 * VG * D + D + 2 * (size_t)VG) * sizeof(float));
+        /* qr [VG][D], acc [VG][D], row [D], mx [VG], inv [VG] */
+        float *buf = malloc(((size_t)2 * VG * D + D + 2 * (size_t)VG) * sizeof(float));
         float *qr = buf, *acc = qr + (size_t)VG * D, *row = acc + (size_t)VG * D, *mx = row + D, *inv = mx + VG;
-        float *qp = inv + VG, *ap = qp + (size_t)VG * D;
-        const kn_kv_aux none = {NULL, NULL, 1.0f};
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < tasks; task++) {
             if (!buf) continue; /* out of memory: the rows stay unwritten (callers size hosts generously) */
@@ -182,27 +161,23 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                     const float *q = a->q + t * a->q_stride + (int64_t)(kvh * G + v % G) * D;
                     if (krot) kn_kv_rotate(q, D, kv->signs, qr + (size_t)g * D);
                     else memcpy(qr + (size_t)g * D, q, (size_t)D * sizeof(float));
-                    if (krot && kv->sk) memcpy(qp + (size_t)g * D, q, (size_t)D * sizeof(float));
                 }
                 /* the last key each vector sees: its token's position */
                 const int last_v = a->pos[t0 + (g0 + ng - 1) / G];
-                /* raw scores q . k: bf16 rows (stored or staged) one cache block at a time through the
-                 * kernel set's run kernel where it has one, other rows one by one */
+                /* raw scores q . k: bf16 rows one cache block at a time through the kernel set's run
+                 * kernel where it has one, other rows one by one */
                 for (int j = lo; j <= last_v;) {
-                    int rf;
-                    const uint8_t *rp = row_at(kv, bt, j, kvh, 0, &rf);
-                    const int staged = bt[j / bs] >= n_main;
-                    const float *qb = staged && krot ? qp : qr;
-                    if (rf == KN_KVF_BF16 && k->dot_rows_bf16 && D % 16 == 0) {
+                    const uint8_t *rp = row_at(kv, bt, j, kvh, 0);
+                    if (kf == KN_KVF_BF16 && k->dot_rows_bf16 && D % 16 == 0) {
                         const int run =
                             (j / bs + 1) * bs - j < last_v + 1 - j ? (j / bs + 1) * bs - j : last_v + 1 - j;
                         prefetch_block(kv, bt, j, last_v, kvh, 0); /* a later block's, while this one runs */
-                        k->dot_rows_bf16(qb, ng, D, rp, nkv * (staged ? sb : kb), run, sc + (j - lo), n);
+                        k->dot_rows_bf16(qr, ng, D, rp, nkv * kb, run, sc + (j - lo), n);
                         j += run;
                         continue;
                     }
-                    decode_row(rf, rp, D, staged ? &none : &ak, staged, row);
-                    for (int g = 0; g < ng; g++) sc[(int64_t)g * n + (j - lo)] = k->dot(qb + (size_t)g * D, row, D);
+                    decode_row(kf, rp, D, &ak, row);
+                    for (int g = 0; g < ng; g++) sc[(int64_t)g * n + (j - lo)] = k->dot(qr + (size_t)g * D, row, D);
                     j++;
                 }
                 for (int g = 0; g < ng; g++) {
@@ -230,28 +205,23 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                     for (int j = 0; j < nvk; j++) sg[j] *= inv[g]; /* the softmax weights */
                 }
                 memset(acc, 0, (size_t)ng * D * sizeof(float));
-                int any_plain = 0;
                 /* value rows up to the first vector's position go to every vector; a later row only to the
                  * vectors of tokens at or after it (no 0 * v terms: a row past a token is never read for it) */
                 const int pf = a->pos[t0 + g0 / G];
                 for (int j = lo; j <= last_v;) {
-                    int rf;
-                    const uint8_t *rp = row_at(kv, bt, j, kvh, 1, &rf);
-                    const int staged = bt[j / bs] >= n_main;
+                    const uint8_t *rp = row_at(kv, bt, j, kvh, 1);
                     const int vf0 = j <= pf ? 0 : (j - p0) * G - g0; /* the first vector that sees row j */
                     const int end = j <= pf ? pf : j;                /* rows [j, end] share that vector set */
-                    /* staged rows are plain: next to rotated values they get their own accumulator */
-                    float *base = (staged && vrot ? ap : acc) + (size_t)vf0 * D;
+                    float *base = acc + (size_t)vf0 * D;
                     const float *w = sc + (int64_t)vf0 * n + (j - lo);
-                    if (staged && vrot && !any_plain) memset(ap, 0, (size_t)ng * D * sizeof(float)), any_plain = 1;
-                    if (rf == KN_KVF_BF16 && k->axpy_rows_bf16 && D % 16 == 0) {
+                    if (vf == KN_KVF_BF16 && k->axpy_rows_bf16 && D % 16 == 0) {
                         const int run = (j / bs + 1) * bs - j < end + 1 - j ? (j / bs + 1) * bs - j : end + 1 - j;
                         prefetch_block(kv, bt, j, last_v, kvh, 1); /* a later block's, while this one runs */
-                        k->axpy_rows_bf16(base, ng - vf0, D, rp, nkv * (staged ? sb : vb), run, w, n);
+                        k->axpy_rows_bf16(base, ng - vf0, D, rp, nkv * vb, run, w, n);
                         j += run;
                         continue;
                     }
-                    decode_row(rf, rp, D, staged ? &none : &av, staged, row);
+                    decode_row(vf, rp, D, &av, row);
                     for (int g = 0; g < ng - vf0; g++) k->axpy(base + (size_t)g * D, w[(int64_t)g * n], row, D);
                     j++;
                 }
@@ -259,8 +229,6 @@ void kn_cpu_attention_kv(kn_backend *be, const kn_cpu_kernels *k, const kn_atten
                     const int v = g0 + g, t = t0 + v / G;
                     float *ag = acc + (size_t)g * D;
                     if (vrot) kn_kv_unrotate(ag, D, kv->signs); /* the one inverse transform of this output row */
-                    if (any_plain)
-                        for (int d = 0; d < D; d++) ag[d] += ap[(size_t)g * D + d];
                     memcpy(a->out + ((int64_t)t * a->n_heads + kvh * G + v % G) * D, ag, (size_t)D * sizeof(float));
                 }
             }

@@ -422,6 +422,24 @@ __global__ void k_kv_write_bf16(uint16_t *kc, uint16_t *vc, const float *k, cons
     }
 }
 
+/* kv_convert's first half: rows of staging slots src[i] (s_fmt bf16 or f32)
+ * widened to f32 rows k[i], v[i] of w floats */
+__global__ void k_kv_stage_rows(const kn_kv_layer kv, const int32_t *src, float *k, float *v, int64_t w) {
+    kn_pdl_trigger();
+    kn_pdl_wait();
+    const int i = blockIdx.x;
+    const int64_t base = (int64_t)src[i] * w;
+    for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
+        if (kv.s_fmt == KN_KVF_BF16) {
+            k[i * w + j] = __bfloat162float(__ushort_as_bfloat16(((const uint16_t *)kv.sk)[base + j]));
+            v[i * w + j] = __bfloat162float(__ushort_as_bfloat16(((const uint16_t *)kv.sv)[base + j]));
+        } else {
+            k[i * w + j] = ((const float *)kv.sk)[base + j];
+            v[i * w + j] = ((const float *)kv.sv)[base + j];
+        }
+    }
+}
+
 __global__ void k_swiglu(const float *gu, int64_t n_total, int dim, float *out) {
     kn_pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -598,6 +616,27 @@ static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, c
     kn_cuda_launch(be, k_kv_write, dim3(n_tokens), dim3(256), 0, (float *)kv->k, (float *)kv->v, k, v, stride,
                    (int64_t)kv->n_kv_heads * kv->head_dim, slots);
 }
+/* Delayed conversion: staging rows widened to f32 (a chunk of slots at a
+ * time through a scratch buffer), then written into the layer's formats by
+ * cu_kv_write at slots dst, exactly as an append of those rows would be. */
+static void cu_kv_convert(kn_backend *be, const kn_kv_layer *kv, const int32_t *src, const int32_t *dst, int n) {
+    const int64_t w = (int64_t)kv->n_kv_heads * kv->head_dim;
+    const int chunk = 256;
+    float *buf = (float *)kn_cuda_scratch(be, KN_CUDA_SCRATCH_KV_CONVERT, 2 * (size_t)chunk * (size_t)w * sizeof(float));
+    if (!buf) {
+        fprintf(stderr, "kiln: cuda kv_convert: out of memory for %d rows\n", chunk);
+        return;
+    }
+    if (kv->s_fmt != KN_KVF_BF16 && kv->s_fmt != KN_KVF_F32) {
+        fprintf(stderr, "kiln: cuda kv_convert: staging rows in format %d (a kiln bug)\n", kv->s_fmt);
+        return;
+    }
+    for (int c0 = 0; c0 < n; c0 += chunk) {
+        const int nc = n - c0 < chunk ? n - c0 : chunk;
+        kn_cuda_launch(be, k_kv_stage_rows, dim3(nc), dim3(256), 0, *kv, src + c0, buf, buf + (size_t)chunk * w, w);
+        cu_kv_write(be, kv, buf, buf + (size_t)chunk * w, w, nc, dst + c0);
+    }
+}
 static void cu_attention(kn_backend *be, const kn_attention_args *a) { kn_cuda_attention(be, a); }
 static void cu_swiglu(kn_backend *be, const float *gu, int rows, int dim, float *out) {
     int64_t n = (int64_t)rows * dim;
@@ -656,7 +695,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     kn_cuda_mul_rows,
     kn_cuda_weight_load_quant, /* cuda_quant.cu */
     cu_fused_matmul,
-    NULL,                      /* kv_convert: delayed KV conversion is CPU-only so far */
+    cu_kv_convert,
     kn_cuda_stream_mix, kn_cuda_rms_match, kn_cuda_gaussian_topk, /* cuda_ops_models.cu (gemma3n) */
     kn_cuda_sample_rows,       /* cuda_sample.cu */
     cu_rope_kv_write,

@@ -23,6 +23,7 @@ enum {
     KN_CUDA_SCRATCH_ATTN_GEMM,
     KN_CUDA_SCRATCH_GEMM_OUT,
     KN_CUDA_SCRATCH_MLP_ACT,       /* kn_cuda_mlp_swiglu_add: the activation in the down projection's dtype */
+    KN_CUDA_SCRATCH_KV_CONVERT,    /* kv_convert: staging rows widened to f32, a chunk at a time */
     KN_CUDA_SCRATCH_COUNT
 };
 

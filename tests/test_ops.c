@@ -920,11 +920,14 @@ static void ref_route(const float *l, int E, int k, int norm, int32_t *idx, doub
     }
 }
 
-static void test_moe_route(int rows, int E, int k, int norm, int scaled) {
+/* ties: logits rounded to integers, so many experts tie and the lower id must win */
+static void test_moe_route(int rows, int E, int k, int norm, int scaled, int ties) {
     float *l = malloc((size_t)rows * E * 4), *w = malloc((size_t)rows * k * 4), *es = malloc((size_t)E * 4);
     int32_t *idx = malloc((size_t)rows * k * 4), ridx[64];
     double rw[64];
     fill(l, (int64_t)rows * E, 4.0f);
+    if (ties)
+        for (int64_t i = 0; i < (int64_t)rows * E; i++) l[i] = rintf(l[i]);
     for (int e = 0; e < E; e++) es[e] = 0.5f + fabsf(kn_test_rand(&seed));
     float *dl = dev(l, (size_t)rows * E * 4), *dw = dev(NULL, (size_t)rows * k * 4), *des = dev(es, (size_t)E * 4);
     int32_t *di = dev(NULL, (size_t)rows * k * 4);
@@ -1286,10 +1289,14 @@ int main(void) {
     test_gelu_geglu(KN_GELU_ERF);
     test_gelu_geglu(KN_GELU_TANH);
     test_softcap_scale_gate();
-    test_moe_route(1, 8, 2, 1, 0);
-    test_moe_route(37, 60, 4, 0, 0);
-    test_moe_route(5, 128, 8, 1, 0);
-    test_moe_route(9, 4, 2, 1, 1); /* gemma4 per-expert scale */
+    test_moe_route(1, 8, 2, 1, 0, 0);
+    test_moe_route(37, 60, 4, 0, 0, 0);
+    test_moe_route(5, 128, 8, 1, 0, 0);
+    test_moe_route(9, 4, 2, 1, 1, 0); /* gemma4 per-expert scale */
+    test_moe_route(6, 64, 8, 1, 0, 1);
+    test_moe_route(3, 256, 8, 1, 0, 0);
+    test_moe_route(2, 1000, 16, 0, 0, 1);
+    test_moe_route(1, 1024, 64, 1, 0, 0);
     test_mul_rows();
     test_gemma3n_ops(7, 64);
     test_gemma3n_ops(3, 2048);

@@ -45,7 +45,7 @@
  * and every other format keep the CUDA-core kernel (exact f32 dot products). */
 #include "backend/cuda/cuda_flash_decode.cuh"
 
-#define TC_WARPS 4 /* warps per block (KILN_TC_WARPS=6 / 8 tries more for k8v3) */
+#define TC_WARPS 4 /* warps per block */
 #define TC_KEYS 16 /* keys per warp step */
 
 /* two floats as one operand register (lo in the low half): bf16 or f16 */
@@ -101,9 +101,10 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 /* 3-bit code fields: bits 6k .. 6k + 2, k < 8 */
 #define TC_CODE_EVEN 0x1C71C71C71C7ull
 
-template <int HD, bool CAP, bool CQ, bool TR, int W>
-__global__ void __launch_bounds__(W * 32, W >= 8 ? 2 : 0) /* 8 warps: 2 blocks per SM */
+template <int HD, bool CAP, bool CQ, bool TR, int DEPTH>
+__global__ void __launch_bounds__(TC_WARPS * 32)
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters) {
+    constexpr int W = TC_WARPS;
     constexpr int KT = HD / 16;   /* QK steps (16 dims each) */
     constexpr int NT = HD / 8;    /* PV n-tiles (8 dims each) */
     constexpr int QD = HD / 4;    /* dims of a key row per lane in QK */
@@ -372,11 +373,20 @@ __global__ void __launch_bounds__(W * 32, W >= 8 ? 2 : 0) /* 8 warps: 2 blocks p
             }
         }
     };
-    /* k8v3 rows carry few bytes per tile, so each warp keeps the next tile's
-     * loads in flight while it decodes and multiplies the current one */
+    /* DEPTH tiles of loads in flight per warp: 1 loads a tile and uses it;
+     * 2 issues the next tile's loads before the current tile is decoded and
+     * multiplied; 3 the next two (k8v3 rows carry few bytes per tile, so
+     * more of them must be in flight to cover the memory latency). The
+     * buffers take turns, no copies. */
     const int jstep = W * TC_KEYS;
     int jt = j0 + warp * TC_KEYS;
-    if constexpr (CQ) { /* two buffers in turn (no copies) */
+    if constexpr (DEPTH == 1) {
+        for (; jt < j1; jt += jstep) {
+            raw_tile r;
+            load(jt, r);
+            step(jt, r);
+        }
+    } else if constexpr (DEPTH == 2) {
         raw_tile ra, rb;
         if (jt < j1) load(jt, ra);
         while (jt < j1) {
@@ -388,10 +398,19 @@ __global__ void __launch_bounds__(W * 32, W >= 8 ? 2 : 0) /* 8 warps: 2 blocks p
             jt += jstep;
         }
     } else {
-        for (; jt < j1; jt += jstep) {
-            raw_tile r;
-            load(jt, r);
-            step(jt, r);
+        raw_tile ra, rb, rc;
+        if (jt < j1) load(jt, ra);
+        if (jt + jstep < j1) load(jt + jstep, rb);
+        while (jt < j1) {
+            if (jt + 2 * jstep < j1) load(jt + 2 * jstep, rc);
+            step(jt, ra);
+            if ((jt += jstep) >= j1) break;
+            if (jt + 2 * jstep < j1) load(jt + 2 * jstep, ra);
+            step(jt, rb);
+            if ((jt += jstep) >= j1) break;
+            if (jt + 2 * jstep < j1) load(jt + 2 * jstep, rb);
+            step(jt, rc);
+            jt += jstep;
         }
     }
 
@@ -459,42 +478,27 @@ __global__ void __launch_bounds__(W * 32, W >= 8 ? 2 : 0) /* 8 warps: 2 blocks p
         }
 }
 
-/* 0 when the block's shared memory cannot be had (W > 4 only) */
-template <int HD, bool CQ, int W>
-static int launch_tc_w(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
+template <int HD, bool CQ, int DEPTH> static void launch_tc_d(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
     const dim3 grid((unsigned)a->n_tokens, (unsigned)a->kv->n_kv_heads, (unsigned)f.n_splits);
-    size_t smem = (size_t)W * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128, 4 warps */
-    if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;           /* the value table */
+    size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
+    if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                 /* the value table */
     const int cap = a->softcap > 0.0f;
     void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *) =
-        tr ? (cap ? k_flash_tc<HD, true, CQ, true, W> : k_flash_tc<HD, false, CQ, true, W>)
-           : (cap ? k_flash_tc<HD, true, CQ, false, W> : k_flash_tc<HD, false, CQ, false, W>);
-    static int opted[4]; /* per instantiation and variant: more than 48 KB asked for once */
-    if (smem > (48 << 10) && !opted[2 * tr + cap]) {
-        if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
-            cudaGetLastError();
-            return 0;
-        }
-        opted[2 * tr + cap] = 1;
-    }
-    kn_cuda_launch(be, k, grid, dim3(W * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
-    return 1;
+        tr ? (cap ? k_flash_tc<HD, true, CQ, true, DEPTH> : k_flash_tc<HD, false, CQ, true, DEPTH>)
+           : (cap ? k_flash_tc<HD, true, CQ, false, DEPTH> : k_flash_tc<HD, false, CQ, false, DEPTH>);
+    kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
 }
 
+/* tiles in flight per warp: bf16 1 (its tiles are large; a second buffer
+ * would take 218 registers at head dim 128, half the blocks per SM), k8v3 2
+ * (KILN_TC_DEPTH=3: 3, for A/B runs; 234 registers, the 2 blocks per SM
+ * that plan_splits asks of k8v3 still fit) */
 template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
-    if constexpr (!CQ) {
-        launch_tc_w<HD, false, TC_WARPS>(be, a, f, tr);
-    } else {
-        /* KILN_TC_WARPS=6 / 8: warps per block of the k8v3 kernel, for A/B
-         * runs of more warps per SM at the same split count (8: at most 128
-         * registers, 2 blocks per SM). Not yet run on a GPU; 4 is the
-         * measured kernel. */
-        static int w = -1;
-        if (w < 0) w = getenv("KILN_TC_WARPS") ? atoi(getenv("KILN_TC_WARPS")) : TC_WARPS;
-        if (w >= 8 && launch_tc_w<HD, true, 8>(be, a, f, tr)) return;
-        if (w >= 6 && w < 8 && launch_tc_w<HD, true, 6>(be, a, f, tr)) return;
-        launch_tc_w<HD, true, TC_WARPS>(be, a, f, tr);
-    }
+    static int depth = -1;
+    if (depth < 0) depth = getenv("KILN_TC_DEPTH") ? atoi(getenv("KILN_TC_DEPTH")) : 0;
+    if constexpr (!CQ) launch_tc_d<HD, false, 1>(be, a, f, tr);
+    else if (depth == 3) launch_tc_d<HD, true, 3>(be, a, f, tr);
+    else launch_tc_d<HD, true, 2>(be, a, f, tr);
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans) {

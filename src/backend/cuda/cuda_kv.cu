@@ -158,28 +158,43 @@ __global__ void k_kv_write_warp(kn_kv_layer kv, const float *k, const float *v, 
 }
 
 /* RoPE and the cache write in one launch, for the formats a warp encodes: a
- * warp per (token, head) of the n_q query heads and the key heads that follow
- * them in x. It rotates the head in registers (full rotary over D = 32 NI:
- * the pair d, d + D/2 is in one lane, elements i and i + NI/2; rope_block's
- * arithmetic), writes it back, and a key head's warp then encodes the
- * rotated key and its value head as k_kv_write_warp does. */
+ * warp per (token, head) of the n_q query heads, the key heads that follow
+ * them in x, and then the value heads. A query or key warp rotates its head
+ * in registers (full rotary over D = 32 NI: the pair d, d + D/2 is in one
+ * lane, elements i and i + NI/2; rope_block's arithmetic) and writes it
+ * back; a key warp then encodes the rotated key, a value warp its value row,
+ * as k_kv_write_warp does. Keys and values on separate warps halve the
+ * dependent chain of a decode step (one token: the launch is latency). */
 template <int NI>
-__global__ void k_rope_kv_write_warp(kn_kv_layer kv, float *x, const float *v, int64_t stride, int n_tokens, int n_q,
-                                     const int32_t *pos, const float *inv_freq, float scale, const int32_t *slots) {
+__global__ void k_rope_kv_write_warp(kn_kv_layer kv, float *x, const float *__restrict__ v, int64_t stride,
+                                     int n_tokens, int n_q, const int32_t *pos, const float *__restrict__ inv_freq,
+                                     float scale, const int32_t *slots) {
     kn_pdl_trigger();
-    kn_pdl_wait();
-    const int nkv = kv.n_kv_heads, nh = n_q + nkv, D = 32 * NI;
+    const int nkv = kv.n_kv_heads, nh = n_q + 2 * nkv, D = 32 * NI;
     const int i = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n_tokens * nh) return;
     const int t = i / nh, h = i % nh;
-    float *xr = x + t * stride + (int64_t)h * D, y[NI];
+    float f[NI / 2];
+#pragma unroll
+    for (int e = 0; e < NI / 2; e++) f[e] = __ldg(inv_freq + lane + 32 * e); /* constant: before the wait */
+    kn_pdl_wait();
+    float y[NI];
+    if (h >= n_q + nkv) { /* a value head */
+        const int hv = h - n_q - nkv;
+        const kn_kv_aux av = {kv.v_tab, kv.signs, kv.v_scale ? kv.v_scale[hv] : 1.0f};
+        const int64_t row = (int64_t)slots[t] * nkv + hv;
+        encode_row_warp<NI>(kv.v_fmt, v + t * stride + (int64_t)hv * D, D,
+                            (uint8_t *)kv.v + row * kn_kv_row_bytes(kv.v_fmt, D), &av, lane);
+        return;
+    }
+    float *xr = x + t * stride + (int64_t)h * D;
 #pragma unroll
     for (int e = 0; e < NI; e++) y[e] = xr[lane + 32 * e];
     const float p = (float)pos[t];
 #pragma unroll
     for (int e = 0; e < NI / 2; e++) {
         float sn, c;
-        sincosf(p * inv_freq[lane + 32 * e], &sn, &c);
+        sincosf(p * f[e], &sn, &c);
         c *= scale, sn *= scale;
         kn_rope_rotate(y[e], y[e + NI / 2], c, sn);
     }
@@ -188,16 +203,13 @@ __global__ void k_rope_kv_write_warp(kn_kv_layer kv, float *x, const float *v, i
     if (h < n_q) return;
     const int hk = h - n_q;
     const kn_kv_aux ak = {kv.k_tab, kv.signs, kv.k_scale ? kv.k_scale[hk] : 1.0f};
-    const kn_kv_aux av = {kv.v_tab, kv.signs, kv.v_scale ? kv.v_scale[hk] : 1.0f};
     const int64_t row = (int64_t)slots[t] * nkv + hk;
     encode_vals_warp<NI>(kv.k_fmt, y, D, (uint8_t *)kv.k + row * kn_kv_row_bytes(kv.k_fmt, D), &ak, lane);
-    encode_row_warp<NI>(kv.v_fmt, v + t * stride + (int64_t)hk * D, D,
-                        (uint8_t *)kv.v + row * kn_kv_row_bytes(kv.v_fmt, D), &av, lane);
 }
 
 int kn_cuda_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q,
                           const int32_t *pos, const kn_rope_table *r, const kn_kv_layer *kv, const int32_t *slots) {
-    const int D = kv->head_dim, rows = n_tokens * (n_q + kv->n_kv_heads);
+    const int D = kv->head_dim, rows = n_tokens * (n_q + 2 * kv->n_kv_heads);
     if (r->rot_dim != D || !warp_encodes(kv->k_fmt, D) || !warp_encodes(kv->v_fmt, D) || n_tokens < 1) return 0;
     const dim3 grid((unsigned)((rows + 3) / 4)), block(128);
     switch (D) {

@@ -57,6 +57,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_gate_up(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, int inter,
                   const int32_t *__restrict__ idx, int act, float *__restrict__ A) {
     const int lane = threadIdx.x & 31, j = blockIdx.y;
+    kn_pdl_trigger();
+    kn_pdl_wait(); /* x, idx and A come from the kernels before */
     const int r = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     if (r >= inter) return;
     const int64_t e = idx[j];
@@ -93,6 +95,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_down(const float *__restrict__ A, const uint16_t *__restrict__ w, int dim, int inter,
                const int32_t *__restrict__ idx, const float *__restrict__ wt, int k, float *__restrict__ out) {
     const int lane = threadIdx.x & 31;
+    kn_pdl_trigger();
+    kn_pdl_wait(); /* x, idx and A come from the kernels before */
     const int d = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     if (d >= dim) return;
     int order[MD_MAXK]; /* slots by ascending expert id */
@@ -138,12 +142,14 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
 }
 
 template <int DT>
-static void moe_decode_dt(cudaStream_t st, const kn_moe_args *a, float *A) {
-    dim3 g1((unsigned)((a->inter + MD_WARPS - 1) / MD_WARPS), (unsigned)a->k);
-    k_moe_gate_up<DT><<<g1, MD_WARPS * 32, 0, st>>>(a->x, (const uint16_t *)a->gate_up->data, a->dim, a->inter,
-                                                    a->idx, a->act, A);
-    k_moe_down<DT><<<(unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS), MD_WARPS * 32, 0, st>>>(
-        A, (const uint16_t *)a->down->data, a->dim, a->inter, a->idx, a->w, a->k, a->out);
+static void moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
+    const dim3 g1((unsigned)((a->inter + MD_WARPS - 1) / MD_WARPS), (unsigned)a->k);
+    const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS));
+    kn_cuda_launch(be, k_moe_gate_up<DT>, g1, dim3(MD_WARPS * 32), 0, a->x, (const uint16_t *)a->gate_up->data,
+                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A);
+    kn_cuda_launch(be, k_moe_down<DT>, g2, dim3(MD_WARPS * 32), 0, (const float *)A,
+                   (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx,
+                   (const float *)a->w, a->k, a->out);
 }
 
 /* an expert stack as the token-by-token kernels read it: MLX-quantized
@@ -191,6 +197,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_gate_up_q(const float *__restrict__ x, mq_w w, int dim, int inter, int k, const int32_t *__restrict__ idx,
                     int act, float *__restrict__ A) {
     const int lane = threadIdx.x & 31, j = blockIdx.y, t = blockIdx.z;
+    kn_pdl_trigger();
+    kn_pdl_wait(); /* x, idx and A come from the kernels before */
     const int r = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     if (r >= inter) return;
     const int64_t p = (int64_t)t * k + j, e = idx[p], g = e * 2 * inter + r;
@@ -204,6 +212,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_down_q(const float *__restrict__ A, mq_w w, int dim, int inter, const int32_t *__restrict__ idx,
                  const float *__restrict__ wt, int k, float *__restrict__ out) {
     const int lane = threadIdx.x & 31, t = blockIdx.y;
+    kn_pdl_trigger();
+    kn_pdl_wait(); /* x, idx and A come from the kernels before */
     const int d = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     if (d >= dim) return;
     const int32_t *it = idx + (int64_t)t * k;
@@ -224,12 +234,13 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
 /* any mix of quantized and float stacks (switch_mlp keeps a projection float
  * when its columns do not split into groups) */
 static int moe_quant(kn_backend *be, const kn_moe_args *a) {
-    cudaStream_t st = kn_cuda_stream(be);
     float *A = a->scratch; /* [n * k, inter] */
-    dim3 g1((unsigned)((a->inter + MD_WARPS - 1) / MD_WARPS), (unsigned)a->k, (unsigned)a->n_tokens);
-    k_moe_gate_up_q<<<g1, MD_WARPS * 32, 0, st>>>(a->x, mq_of(a->gate_up), a->dim, a->inter, a->k, a->idx, a->act, A);
-    dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS), (unsigned)a->n_tokens);
-    k_moe_down_q<<<g2, MD_WARPS * 32, 0, st>>>(A, mq_of(a->down), a->dim, a->inter, a->idx, a->w, a->k, a->out);
+    const dim3 g1((unsigned)((a->inter + MD_WARPS - 1) / MD_WARPS), (unsigned)a->k, (unsigned)a->n_tokens);
+    const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS), (unsigned)a->n_tokens);
+    kn_cuda_launch(be, k_moe_gate_up_q, g1, dim3(MD_WARPS * 32), 0, a->x, mq_of(a->gate_up), a->dim, a->inter, a->k,
+                   (const int32_t *)a->idx, a->act, A);
+    kn_cuda_launch(be, k_moe_down_q, g2, dim3(MD_WARPS * 32), 0, (const float *)A, mq_of(a->down), a->dim, a->inter,
+                   (const int32_t *)a->idx, (const float *)a->w, a->k, a->out);
     return 1;
 }
 
@@ -243,7 +254,7 @@ int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a) {
         ((uintptr_t)a->x & 15) || ((uintptr_t)a->scratch & 15))
         return 0;
     float *A = a->scratch; /* [k, inter] */
-    if (gu->dtype == KN_DT_BF16) moe_decode_dt<KN_DT_BF16>(kn_cuda_stream(be), a, A);
-    else moe_decode_dt<KN_DT_F16>(kn_cuda_stream(be), a, A);
+    if (gu->dtype == KN_DT_BF16) moe_decode_dt<KN_DT_BF16>(be, a, A);
+    else moe_decode_dt<KN_DT_F16>(be, a, A);
     return 1;
 }

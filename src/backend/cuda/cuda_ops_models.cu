@@ -31,33 +31,58 @@ __global__ void k_sigmoid_gate_add(float *y, const float *x, const float *gate, 
     y[i] += g * x[i];
 }
 
-/* one thread per row: softmax, insertion top-k (ties keep the lower id), renorm */
 __global__ void k_mul_rows(float *y, const float *x, int64_t x_stride, int64_t n, int dim) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] *= x[(i / dim) * x_stride + i % dim];
 }
 
-__global__ void k_moe_route(const float *logits, int rows, int E, int k, int norm, const float *escale, int32_t *idx,
-                            float *w) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
+/* MoE routing, one warp per row for up to 32 RI experts: lane l holds experts l + 32 i.
+ * Softmax, then k rounds of a warp argmax (higher p, ties to the lower id)
+ * give the CPU's order; the top-k sum for renormalizing runs in that order
+ * on one lane, as the CPU adds it. Taken experts become NaN (never > any). */
+template <int RI>
+__global__ void k_moe_route(const float *__restrict__ logits, int rows, int E, int k, int norm,
+                            const float *__restrict__ escale, int32_t *__restrict__ idx, float *__restrict__ w) {
+    kn_pdl_trigger();
+    kn_pdl_wait();
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     const float *l = logits + (int64_t)r * E;
+    float p[RI], mx = -INFINITY, sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < RI; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < E ? l[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+#pragma unroll
+    for (int i = 0; i < RI; i++)
+        if (lane + 32 * i < E) p[i] = expf(p[i] - mx), sum += p[i];
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#pragma unroll
+    for (int i = 0; i < RI; i++)
+        if (lane + 32 * i < E) p[i] /= sum;
     int32_t *ir = idx + (int64_t)r * k;
     float *wr = w + (int64_t)r * k;
-    float mx = -INFINITY, sum = 0.0f;
-    for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
-    for (int e = 0; e < E; e++) sum += expf(l[e] - mx);
-    int n = 0;
-    for (int e = 0; e < E; e++) {
-        float p = expf(l[e] - mx) / sum;
-        if (n == k && !(p > wr[k - 1])) continue;
-        int i = n < k ? n++ : k - 1;
-        while (i > 0 && p > wr[i - 1]) {
-            wr[i] = wr[i - 1], ir[i] = ir[i - 1];
-            i--;
+    for (int j = 0; j < k; j++) {
+        float bp = -INFINITY;
+        int be = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < RI; i++)
+            if (p[i] > bp) bp = p[i], be = lane + 32 * i; /* ascending ids: strict > keeps the lower */
+        for (int o = 16; o > 0; o >>= 1) {
+            const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (op > bp || (op == bp && oe < be)) bp = op, be = oe;
         }
-        wr[i] = p, ir[i] = e;
+        if (be == 0x7fffffff) be = j < E ? j : 0; /* all NaN: garbage logits, still a valid id */
+#pragma unroll
+        for (int i = 0; i < RI; i++)
+            if (lane + 32 * i == be) p[i] = __int_as_float(0x7fc00000);
+        if (lane == 0) wr[j] = bp, ir[j] = be;
     }
+    if (lane) return;
     if (norm) {
         float s = 0.0f;
         for (int j = 0; j < k; j++) s += wr[j];
@@ -301,8 +326,17 @@ extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *
 
 extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
                                   const float *expert_scale, int32_t *idx, float *w) {
-    if (rows > 0)
-        k_moe_route<<<(rows + 63) / 64, 64, 0, S>>>(logits, rows, n_experts, k, norm_topk, expert_scale, idx, w);
+    if (rows <= 0) return;
+    const dim3 grid((unsigned)((rows + 3) / 4)), block(128); /* a warp per row */
+    void (*kern)(const float *, int, int, int, int, const float *, int32_t *, float *) =
+        n_experts <= 32    ? k_moe_route<1>
+        : n_experts <= 64  ? k_moe_route<2>
+        : n_experts <= 128 ? k_moe_route<4>
+        : n_experts <= 256 ? k_moe_route<8>
+        : n_experts <= 512 ? k_moe_route<16>
+                           : k_moe_route<32>;
+    static_assert(KN_MOE_MAX_EXPERTS <= 32 * 32, "k_moe_route holds at most 32 experts per lane");
+    kn_cuda_launch(be, kern, grid, block, 0, logits, rows, n_experts, k, norm_topk, expert_scale, idx, w);
 }
 
 extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim) {

@@ -246,6 +246,7 @@ __device__ float block_max(float v, float *sh) {
 __global__ void k_rms_norm(const float *x, int64_t xs, float *out, int64_t os, int groups, int dim, const float *w,
                            float eps) {
     kn_pdl_trigger();
+    kn_pdl_wait();
     __shared__ float sh[32];
     int r = blockIdx.x / groups, g = blockIdx.x % groups;
     const float *xi = x + r * xs + (int64_t)g * dim;
@@ -550,7 +551,8 @@ static void cu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, int
 }
 static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, int64_t os, int rows, int groups,
                         int dim, const float *w, float eps) {
-    k_rms_norm<<<rows * groups, dim >= 256 ? 256 : 64, 0, S>>>(x, xs, out, os, groups, dim, w, eps);
+    kn_cuda_launch(be, k_rms_norm, dim3((unsigned)(rows * groups)), dim3(dim >= 256 ? 256 : 64), 0, x, xs, out, os, groups,
+                   dim, w, eps);
 }
 static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                    int accumulate) {

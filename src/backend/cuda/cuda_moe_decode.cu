@@ -117,18 +117,32 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     float dot[MD_MAXK];
 #pragma unroll
     for (int s = 0; s < MD_MAXK; s++) dot[s] = 0.0f;
-    for (int c = lane * 8; c < inter; c += 32 * 8) {
-        uint4 raw[MD_MAXK];
+    /* two batches of k loads in flight: the next 256 columns' pieces are
+     * issued before this batch is multiplied (inter 768: 3 batches) */
+    uint4 raw[2][MD_MAXK];
+    auto issue = [&](int c, uint4(&r)[MD_MAXK]) {
 #pragma unroll
         for (int s = 0; s < MD_MAXK; s++)
-            if (s < k) raw[s] = __ldcs((const uint4 *)(row[s] + c));
+            if (s < k && c < inter) r[s] = __ldcs((const uint4 *)(row[s] + c));
+    };
+    auto use = [&](int c, const uint4(&r)[MD_MAXK]) {
 #pragma unroll
         for (int s = 0; s < MD_MAXK; s++)
             if (s < k) {
                 float f[8];
-                md_unpack<DT>(raw[s], f);
+                md_unpack<DT>(r[s], f);
                 dot[s] += md_dot8(f, A + (int64_t)order[s] * inter + c);
             }
+    };
+    int c = lane * 8;
+    issue(c, raw[0]);
+    while (c < inter) {
+        issue(c + 32 * 8, raw[1]);
+        use(c, raw[0]);
+        if ((c += 32 * 8) >= inter) break;
+        issue(c + 32 * 8, raw[0]);
+        use(c, raw[1]);
+        c += 32 * 8;
     }
     float acc = 0.0f;
 #pragma unroll

@@ -101,7 +101,7 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 /* 3-bit code fields: bits 6k .. 6k + 2, k < 8 */
 #define TC_CODE_EVEN 0x1C71C71C71C7ull
 
-template <int HD, bool CAP, bool CQ, bool TR, int DEPTH>
+template <int HD, bool CAP, bool CQ, bool TR>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters) {
     constexpr int W = TC_WARPS;
@@ -373,20 +373,13 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
             }
         }
     };
-    /* DEPTH tiles of loads in flight per warp: 1 loads a tile and uses it;
-     * 2 issues the next tile's loads before the current tile is decoded and
-     * multiplied; 3 the next two (k8v3 rows carry few bytes per tile, so
-     * more of them must be in flight to cover the memory latency). The
-     * buffers take turns, no copies. */
+    /* k8v3 rows carry few bytes per tile, so each warp keeps the next tile's
+     * loads in flight while it decodes and multiplies the current one (a
+     * third tile in flight, 234 registers, measured slower: docs/PERF.md
+     * 2026-12-05); a bf16 tile is large enough alone */
     const int jstep = W * TC_KEYS;
     int jt = j0 + warp * TC_KEYS;
-    if constexpr (DEPTH == 1) {
-        for (; jt < j1; jt += jstep) {
-            raw_tile r;
-            load(jt, r);
-            step(jt, r);
-        }
-    } else if constexpr (DEPTH == 2) {
+    if constexpr (CQ) { /* two buffers in turn (no copies) */
         raw_tile ra, rb;
         if (jt < j1) load(jt, ra);
         while (jt < j1) {
@@ -398,19 +391,10 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
             jt += jstep;
         }
     } else {
-        raw_tile ra, rb, rc;
-        if (jt < j1) load(jt, ra);
-        if (jt + jstep < j1) load(jt + jstep, rb);
-        while (jt < j1) {
-            if (jt + 2 * jstep < j1) load(jt + 2 * jstep, rc);
-            step(jt, ra);
-            if ((jt += jstep) >= j1) break;
-            if (jt + 2 * jstep < j1) load(jt + 2 * jstep, ra);
-            step(jt, rb);
-            if ((jt += jstep) >= j1) break;
-            if (jt + 2 * jstep < j1) load(jt + 2 * jstep, rb);
-            step(jt, rc);
-            jt += jstep;
+        for (; jt < j1; jt += jstep) {
+            raw_tile r;
+            load(jt, r);
+            step(jt, r);
         }
     }
 
@@ -478,27 +462,15 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
 }
 
-template <int HD, bool CQ, int DEPTH> static void launch_tc_d(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
+template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
     const dim3 grid((unsigned)a->n_tokens, (unsigned)a->kv->n_kv_heads, (unsigned)f.n_splits);
     size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
     if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                 /* the value table */
     const int cap = a->softcap > 0.0f;
     void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *) =
-        tr ? (cap ? k_flash_tc<HD, true, CQ, true, DEPTH> : k_flash_tc<HD, false, CQ, true, DEPTH>)
-           : (cap ? k_flash_tc<HD, true, CQ, false, DEPTH> : k_flash_tc<HD, false, CQ, false, DEPTH>);
+        tr ? (cap ? k_flash_tc<HD, true, CQ, true> : k_flash_tc<HD, false, CQ, true>)
+           : (cap ? k_flash_tc<HD, true, CQ, false> : k_flash_tc<HD, false, CQ, false>);
     kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
-}
-
-/* tiles in flight per warp: bf16 1 (its tiles are large; a second buffer
- * would take 218 registers at head dim 128, half the blocks per SM), k8v3 2
- * (KILN_TC_DEPTH=3: 3, for A/B runs; 234 registers, the 2 blocks per SM
- * that plan_splits asks of k8v3 still fit) */
-template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
-    static int depth = -1;
-    if (depth < 0) depth = getenv("KILN_TC_DEPTH") ? atoi(getenv("KILN_TC_DEPTH")) : 0;
-    if constexpr (!CQ) launch_tc_d<HD, false, 1>(be, a, f, tr);
-    else if (depth == 3) launch_tc_d<HD, true, 3>(be, a, f, tr);
-    else launch_tc_d<HD, true, 2>(be, a, f, tr);
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans) {

@@ -104,7 +104,6 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 template <int HD, bool CAP, bool CQ, bool TR>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters) {
-    constexpr int W = TC_WARPS;
     constexpr int KT = HD / 16;   /* QK steps (16 dims each) */
     constexpr int NT = HD / 8;    /* PV n-tiles (8 dims each) */
     constexpr int QD = HD / 4;    /* dims of a key row per lane in QK */
@@ -113,7 +112,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     constexpr int NG = HD / 32;   /* k8v3: scale groups per row */
     constexpr int CW = QD / 4;    /* k8v3: words of q8a codes per lane in QK */
     constexpr int64_t KB = CQ ? HD + 4 * NG : 2 * HD, VB = CQ ? 2 * NG + 3 * HD / 8 : 2 * HD; /* row bytes */
-    extern __shared__ float tsh[]; /* [W][16][2 + HD]; k8v3: the value table first */
+    extern __shared__ float tsh[]; /* [TC_WARPS][16][2 + HD]; k8v3: the value table first */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     kn_pdl_trigger();
     if constexpr (CQ) { /* value table: entry i (codes i & 7 of row 2t, i >> 3 of row 2t + 1) at word 32 i + lane */
@@ -121,7 +120,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         if (threadIdx.x < 8) cent[threadIdx.x] = kv.v_tab[threadIdx.x];
         __syncthreads();
         uint32_t *vt = (uint32_t *)tsh;
-        for (int i = threadIdx.x; i < 64 * 32; i += W * 32) vt[i] = tc_pack<true>(cent[(i >> 5) & 7], cent[i >> 8]);
+        for (int i = threadIdx.x; i < 64 * 32; i += TC_WARPS * 32) vt[i] = tc_pack<true>(cent[(i >> 5) & 7], cent[i >> 8]);
         __syncthreads();
     }
     kn_pdl_wait();
@@ -377,7 +376,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
      * loads in flight while it decodes and multiplies the current one (a
      * third tile in flight, 234 registers, measured slower: docs/PERF.md
      * 2026-12-05); a bf16 tile is large enough alone */
-    const int jstep = W * TC_KEYS;
+    const int jstep = TC_WARPS * TC_KEYS;
     int jt = j0 + warp * TC_KEYS;
     if constexpr (CQ) { /* two buffers in turn (no copies) */
         raw_tile ra, rb;
@@ -426,11 +425,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
     }
     __syncthreads();
-    for (int r = warp; r < G; r += W) { /* a warp per head */
+    for (int r = warp; r < G; r += TC_WARPS) { /* a warp per head */
         float M = KVF_NEG;
-        for (int w = 0; w < W; w++) M = fmaxf(M, tsh[((int64_t)w * 16 + r) * rw]);
-        float L = 0.0f, c[W];
-        for (int w = 0; w < W; w++) {
+        for (int w = 0; w < TC_WARPS; w++) M = fmaxf(M, tsh[((int64_t)w * 16 + r) * rw]);
+        float L = 0.0f, c[TC_WARPS];
+        for (int w = 0; w < TC_WARPS; w++) {
             const float *rr = tsh + ((int64_t)w * 16 + r) * rw;
             c[w] = expf(rr[0] - M);
             L += rr[1] * c[w];
@@ -440,7 +439,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < HD / 32; i++) {
             float v = 0.0f;
-            for (int w = 0; w < W; w++) v += tsh[((int64_t)w * 16 + r) * rw + 2 + lane + 32 * i] * c[w];
+            for (int w = 0; w < TC_WARPS; w++) v += tsh[((int64_t)w * 16 + r) * rw + 2 + lane + 32 * i] * c[w];
             acc[i] = v;
         }
         if (n_splits == 1) {
@@ -456,7 +455,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
     }
     if (n_splits > 1 && split_is_last(counters + (int64_t)t * gridDim.y + blockIdx.y, n_splits))
-        for (int r = warp; r < G; r += W) {
+        for (int r = warp; r < G; r += TC_WARPS) {
             const int64_t th = (int64_t)t * a.n_heads + h0 + r;
             merge_splits<HD / 32>(partial + th * n_splits * rw, n_splits, HD, a.out + th * HD, lane, CQ, kv.signs);
         }

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
                   const int32_t *__restrict__ idx, int act, float *__restrict__ A) {
     const int lane = threadIdx.x & 31, j = blockIdx.y;
     kn_pdl_trigger();
-    kn_pdl_wait(); /* x, idx and A come from the kernels before */
+    kn_pdl_wait(); /* x and idx come from the kernels before */
     const int r = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     if (r >= inter) return;
     const int64_t e = idx[j];
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
                const int32_t *__restrict__ idx, const float *__restrict__ wt, int k, float *__restrict__ out) {
     const int lane = threadIdx.x & 31;
     kn_pdl_trigger();
-    kn_pdl_wait(); /* x, idx and A come from the kernels before */
+    kn_pdl_wait(); /* A, idx and wt come from the kernels before */
     const int d = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     if (d >= dim) return;
     int order[MD_MAXK]; /* slots by ascending expert id */
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
                     int act, float *__restrict__ A) {
     const int lane = threadIdx.x & 31, j = blockIdx.y, t = blockIdx.z;
     kn_pdl_trigger();
-    kn_pdl_wait(); /* x, idx and A come from the kernels before */
+    kn_pdl_wait(); /* x and idx come from the kernels before */
     const int r = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     if (r >= inter) return;
     const int64_t p = (int64_t)t * k + j, e = idx[p], g = e * 2 * inter + r;
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
                  const float *__restrict__ wt, int k, float *__restrict__ out) {
     const int lane = threadIdx.x & 31, t = blockIdx.y;
     kn_pdl_trigger();
-    kn_pdl_wait(); /* x, idx and A come from the kernels before */
+    kn_pdl_wait(); /* A, idx and wt come from the kernels before */
     const int d = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     if (d >= dim) return;
     const int32_t *it = idx + (int64_t)t * k;

@@ -248,17 +248,18 @@ static int ctx_keys(const kn_attention_args *a) {
 /* Enough blocks to fill the GPU per_sm times over, splitting keys when the batch
  * shape alone does not, and at long contexts enough splits that a warp walks
  * at most ~warp_keys keys (KVF_WARP_KEYS, KVF_TC_WARP_KEYS); never more
- * splits than the context bucket fills with KVF_MIN_SPLIT_KEYS keys each, so
- * the count depends only on the batch shape and the bucket and recorded
- * graphs stay valid as sequences grow. keys: ctx_keys (0: the batch shape
- * alone decides). */
-static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int keys, int gb, int warp_keys, int per_sm) {
+ * splits than the context bucket fills with min_split_keys keys each
+ * (KVF_MIN_SPLIT_KEYS), so the count depends only on the batch shape and the
+ * bucket and recorded graphs stay valid as sequences grow. keys: ctx_keys (0:
+ * the batch shape alone decides). */
+static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int keys, int gb, int warp_keys, int per_sm,
+                              int min_split_keys) {
     flash_plan f = {1, NULL, NULL};
     const int hd = a->kv->head_dim;
     const int blocks = a->n_tokens * a->n_heads / gb, target = per_sm * kn_cuda_sm_count(be);
     int n = blocks >= target ? 1 : (target + blocks - 1) / blocks;
     if (keys > 0) {
-        const int by_ctx = keys / KVF_MIN_SPLIT_KEYS;
+        const int by_ctx = keys / min_split_keys;
         /* long contexts: no more than warp_keys keys per warp where the
          * split count allows (each warp walks its keys one batch at a time) */
         const int by_latency = keys / (KVF_WARPS * warp_keys);
@@ -298,12 +299,22 @@ void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
     const int keys = ctx_keys(a);
     const int tc_trans = G <= 8 && (tr_mode >= 0 ? tr_mode : keys >= KVF_TC_TRANS_KEYS);
     const int tc_per_sm = tc_bf16 && tc_trans ? 4 : 2;
+    /* KILN_TC_MIN_SPLIT_KEYS=N (A/B runs, not yet measured): at least N keys
+     * of the context bucket per split of the tensor-core kernel. At short
+     * contexts the default (32) gives splits shorter than one step of a
+     * block's four warps (64 keys): the Qwen3-30B-A3B shape at 160 keys runs
+     * 16 splits of 10 keys, one warp of four busy, and 16 partials merged */
+    static int tc_min_split = 0;
+    if (!tc_min_split) {
+        const char *e = getenv("KILN_TC_MIN_SPLIT_KEYS");
+        tc_min_split = e && atoi(e) >= 1 ? atoi(e) : KVF_MIN_SPLIT_KEYS;
+    }
     if (!no_tc && (tc_bf16 || tc_k8v3) && tc_shape &&
-        kn_flash_decode_tc(be, a, plan_splits(be, a, keys, G, KVF_TC_WARP_KEYS, tc_per_sm), tc_trans))
+        kn_flash_decode_tc(be, a, plan_splits(be, a, keys, G, KVF_TC_WARP_KEYS, tc_per_sm, tc_min_split), tc_trans))
         return;
     int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     if (ni > 8 && gb > 2) gb = 2;
-    const flash_plan f = plan_splits(be, a, keys, gb, KVF_WARP_KEYS, 2);
+    const flash_plan f = plan_splits(be, a, keys, gb, KVF_WARP_KEYS, 2, KVF_MIN_SPLIT_KEYS);
     const int preset_dim = ni >= 2 && ni <= 8; /* 64 <= head_dim <= 256 */
     if (preset_dim && (kn_flash_decode_plain(be, a, ni, gb, f) || kn_flash_decode_quant(be, a, ni, gb, f) ||
                        kn_flash_decode_tq(be, a, ni, gb, f)))

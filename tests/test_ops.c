@@ -253,6 +253,37 @@ static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
     free(x), free(out), free(bias), free(wf), free(wraw);
 }
 
+/* The CPU backend's promise for decode-shaped matmuls (M <= 16): a row's
+ * result does not depend on how many rows share the call, so a batched
+ * decode step gives the same bits as each sequence's solo step. Every row of
+ * an M-row call must equal that row computed alone (the one-row kernels are
+ * separate code: K with and without a 32- and a 64-element tail). */
+static void test_matmul_rows_independent(kn_dtype dt, int M, int N, int K) {
+    if (strcmp(be->vt->name, "cpu")) return; /* a CPU promise (test_kv_e2e's mixed/solo check relies on it too) */
+    const size_t esz = kn_dtype_size(dt);
+    float *x = malloc((size_t)M * K * 4), *all = malloc((size_t)M * N * 4), *one = malloc((size_t)N * 4);
+    float *bias = malloc((size_t)N * 4), *wf = malloc((size_t)N * K * 4);
+    void *wraw = malloc((size_t)N * K * esz);
+    fill(x, (int64_t)M * K, 1.0f), fill(bias, N, 0.5f);
+    random_weight(dt, N, K, wraw, wf);
+    kn_weight w;
+    kn_error err = {0};
+    CHECK(kn_be_weight_load(be, dt, N, K, wraw, 0, &w, &err) == KN_OK, "weight_load: %s", err.msg);
+    be->vt->matmul(be, x, M, &w, bias, all);
+    for (int m = 0; m < M; m++) {
+        be->vt->matmul(be, x + (int64_t)m * K, 1, &w, bias, one);
+        int bad = 0;
+        for (int n = 0; n < N && bad < 3; n++)
+            if (memcmp(&one[n], &all[(int64_t)m * N + n], 4)) {
+                bad++;
+                CHECK(0, "matmul %s M=%d N=%d K=%d: row %d col %d alone %.9g, in the batch %.9g", kn_dtype_name(dt), M, N,
+                      K, m, n, one[n], all[(int64_t)m * N + n]);
+            }
+    }
+    kn_be_weight_free(be, &w);
+    free(x), free(all), free(one), free(bias), free(wf), free(wraw);
+}
+
 /* MLX affine-quantized weights: random codes, scales and biases stored in
  * sb (F32/BF16/F16); the float64 reference multiplies by the dequantized
  * values scale*q + bias. matmul (decode and prefill shapes), matmul_add and
@@ -1229,6 +1260,11 @@ int main(void) {
             for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
                 for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) test_matmul(dts[d], Ms[a], Ns[b], Ks[c], (a + b + c) % 2);
     test_matmul(KN_DT_BF16, 130, 300, 1030, 1); /* several KC blocks and M tiles */
+    for (int d = 0; d < 3; d++) {
+        const int rk[] = {8, 40, 96, 1000, 1024, 1030};
+        for (size_t i = 0; i < sizeof rk / sizeof *rk; i++) test_matmul_rows_independent(dts[d], 3, 37, rk[i]);
+        test_matmul_rows_independent(dts[d], 16, 64, 1000);
+    }
     for (int m = 1; m <= 2; m++) { /* decode fusions (CUDA GEMV): norm prologue, SwiGLU epilogue, odd N */
         test_fused_matmul(KN_DT_BF16, m, 74, 1024, 1, KN_EPI_NONE, 1);
         test_fused_matmul(KN_DT_F32, m, 37, 520, 1, KN_EPI_NONE, 0);

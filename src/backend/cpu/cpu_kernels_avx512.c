@@ -187,10 +187,40 @@ ALWAYS_INLINE void gemv_bf16_rows(const uint16_t *xb, int M, const uint16_t *w, 
     }
 }
 
+/* One x row (batch-1 decode): dot_bf16_tile's MR = NR = 1 sums in its order
+ * (even 32-element steps in a0, odd ones in a1, a0 + a1, then the tail in
+ * f32), with the row loop kept this small: the general loop's per-row
+ * bookkeeping (the tile switch, the result array, the bias test) cost 2-4% of
+ * the decode GEMVs' time on the 2-core Zen 5 VM (docs/PERF.md 2026-12-05). */
+static void gemv_bf16_m1(const uint16_t *x, const uint16_t *w, int64_t K, const float *bias, float *out, int64_t n0,
+                         int64_t n1) {
+    const int64_t k64 = K & ~(int64_t)63;
+    for (int64_t n = n0; n < n1; n++) {
+        const uint16_t *r = w + n * K;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        for (int64_t k = 0; k < k64; k += 64) {
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(x + k), (__m512bh)_mm512_loadu_si512(r + k));
+            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(x + k + 32), (__m512bh)_mm512_loadu_si512(r + k + 32));
+        }
+        int64_t k = k64;
+        if (k + 32 <= K) { /* an even step left over */
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(x + k), (__m512bh)_mm512_loadu_si512(r + k));
+            k += 32;
+        }
+        float v = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        for (; k < K; k++) v += kn_bf16_to_f32(x[k]) * kn_bf16_to_f32(r[k]);
+        out[n] = v + (bias ? bias[n] : 0.0f);
+    }
+}
+
 static void gemv_bf16_avx512(const uint16_t *xb, int M, const kn_weight *wt, const float *bias, float *out, int64_t n0,
                              int64_t n1) {
     const int64_t K = wt->cols, N = wt->rows;
     const uint16_t *w = wt->data;
+    if (M == 1) {
+        gemv_bf16_m1(xb, w, K, bias, out, n0, n1);
+        return;
+    }
     int64_t n = n0;
     if (M > 1) /* x reused across two weight rows */
         for (; n + 2 <= n1; n += 2) gemv_bf16_rows(xb, M, w + n * K, K, N, 2, bias, out, n);

@@ -189,9 +189,10 @@ ALWAYS_INLINE void gemv_bf16_rows(const uint16_t *xb, int M, const uint16_t *w, 
 
 /* One x row (batch-1 decode): dot_bf16_tile's MR = NR = 1 sums in its order
  * (even 32-element steps in a0, odd ones in a1, a0 + a1, then the tail in
- * f32), with the row loop kept this small: the general loop's per-row
- * bookkeeping (the tile switch, the result array, the bias test) cost 2-4% of
- * the decode GEMVs' time on the 2-core Zen 5 VM (docs/PERF.md 2026-12-05). */
+ * f32), with the row loop kept this small: on the 2-core Zen 5 VM the general
+ * loop's per-row bookkeeping (the tile switch, the result array, the bias
+ * test) made the decode GEMVs 2-4% slower in one process and bf16 decode
+ * 63.5 against 69.3 tok/s in alternating runs (docs/PERF.md 2026-12-05). */
 static void gemv_bf16_m1(const uint16_t *x, const uint16_t *w, int64_t K, const float *bias, float *out, int64_t n0,
                          int64_t n1) {
     const int64_t k64 = K & ~(int64_t)63;
@@ -222,8 +223,7 @@ static void gemv_bf16_avx512(const uint16_t *xb, int M, const kn_weight *wt, con
         return;
     }
     int64_t n = n0;
-    if (M > 1) /* x reused across two weight rows */
-        for (; n + 2 <= n1; n += 2) gemv_bf16_rows(xb, M, w + n * K, K, N, 2, bias, out, n);
+    for (; n + 2 <= n1; n += 2) gemv_bf16_rows(xb, M, w + n * K, K, N, 2, bias, out, n); /* x reused across two rows */
     for (; n < n1; n++) gemv_bf16_rows(xb, M, w + n * K, K, N, 1, bias, out, n);
 }
 

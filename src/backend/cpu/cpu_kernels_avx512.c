@@ -187,30 +187,18 @@ ALWAYS_INLINE void gemv_bf16_rows(const uint16_t *xb, int M, const uint16_t *w, 
     }
 }
 
-/* One x row (batch-1 decode): dot_bf16_tile's MR = NR = 1 sums in its order
- * (even 32-element steps in a0, odd ones in a1, a0 + a1, then the tail in
- * f32), with the row loop kept this small: on the 2-core Zen 5 VM the general
- * loop's per-row bookkeeping (the tile switch, the result array, the bias
- * test) made the decode GEMVs 2-4% slower in one process and bf16 decode
- * 63.5 against 69.3 tok/s in alternating runs (docs/PERF.md 2026-12-05). */
+/* One x row (batch-1 decode): the tile kernel at MR = NR = 1 (so the same
+ * sums in the same order as a row of a batch), called straight from the row
+ * loop: on the 2-core Zen 5 VM the general loop's per-row bookkeeping (the
+ * tile switch, the result array, the bias test) made the decode GEMVs 2-4%
+ * slower in one process and bf16 decode 63.5 against 69.3 tok/s in
+ * alternating runs (docs/PERF.md 2026-12-05). */
 static void gemv_bf16_m1(const uint16_t *x, const uint16_t *w, int64_t K, const float *bias, float *out, int64_t n0,
                          int64_t n1) {
-    const int64_t k64 = K & ~(int64_t)63;
     for (int64_t n = n0; n < n1; n++) {
-        const uint16_t *r = w + n * K;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-        for (int64_t k = 0; k < k64; k += 64) {
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(x + k), (__m512bh)_mm512_loadu_si512(r + k));
-            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(x + k + 32), (__m512bh)_mm512_loadu_si512(r + k + 32));
-        }
-        int64_t k = k64;
-        if (k + 32 <= K) { /* an even step left over */
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(x + k), (__m512bh)_mm512_loadu_si512(r + k));
-            k += 32;
-        }
-        float v = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-        for (; k < K; k++) v += kn_bf16_to_f32(x[k]) * kn_bf16_to_f32(r[k]);
-        out[n] = v + (bias ? bias[n] : 0.0f);
+        float r[4][2];
+        dot_bf16_tile(x, K, 1, w + n * K, K, 1, r);
+        out[n] = r[0][0] + (bias ? bias[n] : 0.0f);
     }
 }
 

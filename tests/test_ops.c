@@ -1087,8 +1087,11 @@ static double act_ref(double g, int act) {
 }
 
 /* bits > 0: MLX-quantized expert stacks (scales/biases in dt; a stack whose
- * columns do not split into groups of gs stays float, as switch_mlp keeps it) */
-static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter, int act, int bits, int gs) {
+ * columns do not split into groups of gs stays float, as switch_mlp keeps it).
+ * fuse: MOE_NORM the op applies the RMSNorm, MOE_ACC it adds into out
+ * (MOE_ALIAS: out is x, the residual stream) */
+enum { MOE_NORM = 1, MOE_ACC = 2, MOE_ALIAS = 4 };
+static void test_moe_ffn_f(kn_dtype dt, int n, int E, int k, int dim, int inter, int act, int bits, int gs, int fuse) {
     size_t esz = kn_dtype_size(dt);
     int64_t ngu = (int64_t)E * 2 * inter * dim, ndn = (int64_t)E * dim * inter;
     void *gu_raw = malloc((size_t)ngu * esz), *dn_raw = malloc((size_t)ndn * esz);
@@ -1121,8 +1124,18 @@ static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter,
         }
     }
     float *x = malloc((size_t)n * dim * 4), *w = malloc((size_t)n * k * 4), *out = malloc((size_t)n * dim * 4);
+    float *out0 = malloc((size_t)n * dim * 4), *nw = malloc((size_t)dim * 4);
+    double *xr = malloc((size_t)n * dim * sizeof(double)); /* what the experts see */
     int32_t *idx = malloc((size_t)n * k * 4);
     fill(x, (int64_t)n * dim, 1.0f);
+    fill(nw, dim, 1.5f);
+    const float eps = 1e-5f;
+    for (int t = 0; t < n; t++) {
+        double ss = 0;
+        for (int c = 0; c < dim; c++) ss += (double)x[t * dim + c] * x[t * dim + c];
+        const double inv = 1.0 / sqrt(ss / dim + eps);
+        for (int c = 0; c < dim; c++) xr[t * dim + c] = fuse & MOE_NORM ? x[t * dim + c] * inv * nw[c] : x[t * dim + c];
+    }
     for (int t = 0; t < n; t++) /* k distinct experts per token, scattered */
         for (int j = 0; j < k; j++) {
             idx[t * k + j] = (t * 5 + j * 3 + (j * j)) % E;
@@ -1130,15 +1143,20 @@ static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter,
                 if (idx[t * k + i] == idx[t * k + j]) { idx[t * k + j] = (idx[t * k + j] + 1) % E; i = -1; }
             w[t * k + j] = 0.1f + fabsf(kn_test_rand(&seed));
         }
-    poison(out, (int64_t)n * dim);
-    float *dx = dev(x, (size_t)n * dim * 4), *dw = dev(w, (size_t)n * k * 4), *dout = dev(out, (size_t)n * dim * 4);
+    if (fuse & MOE_ALIAS) memcpy(out0, x, (size_t)n * dim * 4);
+    else if (fuse & MOE_ACC) fill(out0, (int64_t)n * dim, 2.0f);
+    else poison(out0, (int64_t)n * dim);
+    float *dx = dev(x, (size_t)n * dim * 4), *dw = dev(w, (size_t)n * k * 4), *dnw = dev(nw, (size_t)dim * 4);
+    float *dout = fuse & MOE_ALIAS ? dx : dev(out0, (size_t)n * dim * 4);
     float *dscr = dev(NULL, kn_moe_scratch_floats(n, dim, inter, k) * 4);
     int32_t *didx = dev(idx, (size_t)n * k * 4);
     kn_moe_args a = {.x = dx, .out = dout, .n_tokens = n, .dim = dim, .inter = inter, .n_experts = E, .k = k,
-                     .act = act, .idx = didx, .w = dw, .gate_up = &gu, .down = &dn, .scratch = dscr};
+                     .act = act, .idx = didx, .w = dw, .gate_up = &gu, .down = &dn, .scratch = dscr,
+                     .norm_w = fuse & MOE_NORM ? dnw : NULL, .eps = eps, .accumulate = !!(fuse & MOE_ACC)};
     be->vt->moe_ffn(be, &a);
-    back(out, dout, (size_t)n * dim * 4);
-    kn_be_free(be, dx), kn_be_free(be, dw), kn_be_free(be, dscr), kn_be_free(be, didx);
+    back(out, dout, (size_t)n * dim * 4); /* frees dout */
+    if (dout != dx) kn_be_free(be, dx);
+    kn_be_free(be, dw), kn_be_free(be, dnw), kn_be_free(be, dscr), kn_be_free(be, didx);
     double *h = malloc((size_t)inter * sizeof(double));
     for (int t = 0; t < n; t++) {
         for (int d = 0; d < dim; d++) {
@@ -1149,8 +1167,8 @@ static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter,
                 for (int i = 0; i < inter; i++) {
                     double g = 0, u = 0, gm = 0, um = 0;
                     for (int c = 0; c < dim; c++) {
-                        const double pg = (double)guf[((int64_t)e * 2 * inter + i) * dim + c] * x[t * dim + c];
-                        const double pu = (double)guf[((int64_t)e * 2 * inter + inter + i) * dim + c] * x[t * dim + c];
+                        const double pg = (double)guf[((int64_t)e * 2 * inter + i) * dim + c] * xr[t * dim + c];
+                        const double pu = (double)guf[((int64_t)e * 2 * inter + inter + i) * dim + c] * xr[t * dim + c];
                         g += pg, u += pu, gm += fabs(pg), um += fabs(pu);
                     }
                     h[i] = act_ref(g, act) * u;
@@ -1161,10 +1179,11 @@ static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter,
                 ref += w[t * k + j] * y;
                 mag += fabs(w[t * k + j]) * ymag + 1.0;
             }
+            if (fuse & MOE_ACC) ref += out0[t * dim + d], mag += fabs(out0[t * dim + d]);
             /* quantized: x may be carried to quant_x_rel_error of its group's max (CPU VNNI) */
             if (!close_to(out[t * dim + d], ref, mag, bits && be->quant_x_rel_error > 0 ? 1e-3 : 1e-5)) {
-                CHECK(0, "moe_ffn %s q%d n=%d E=%d k=%d dim=%d inter=%d act=%d [%d,%d]: got %g want %g",
-                      kn_dtype_name(dt), bits, n, E, k, dim, inter, act, t, d, out[t * dim + d], ref);
+                CHECK(0, "moe_ffn %s q%d n=%d E=%d k=%d dim=%d inter=%d act=%d fuse=%d [%d,%d]: got %g want %g",
+                      kn_dtype_name(dt), bits, n, E, k, dim, inter, act, fuse, t, d, out[t * dim + d], ref);
                 t = n;
                 break;
             }
@@ -1172,10 +1191,14 @@ static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter,
     }
     kn_be_weight_free(be, &gu), kn_be_weight_free(be, &dn);
     free(gu_raw), free(dn_raw), free(guf), free(dnf), free(x), free(w), free(out), free(idx), free(h);
+    free(out0), free(nw), free(xr);
 }
 
+static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter, int act, int bits, int gs) {
+    test_moe_ffn_f(dt, n, E, k, dim, inter, act, bits, gs, 0);
+}
 static void test_moe_ffn(kn_dtype dt, int n, int E, int k, int dim, int inter, int act) {
-    test_moe_ffn_q(dt, n, E, k, dim, inter, act, 0, 0);
+    test_moe_ffn_f(dt, n, E, k, dim, inter, act, 0, 0, 0);
 }
 
 /* whisper: im2col_1d in both input layouts ([c, t] mel and [t, c] rows) */
@@ -1344,6 +1367,15 @@ int main(void) {
     /* decode at real widths (CUDA: the fused gate/up and down+combine kernels, several pieces per lane) */
     test_moe_ffn(KN_DT_BF16, 1, 16, 8, 2048, 768, KN_ACT_SILU);
     test_moe_ffn(KN_DT_F16, 1, 12, 5, 520, 264, KN_ACT_GELU_TANH);
+    /* the layer's RMSNorm and residual add inside the op (decode: fused into the
+     * CUDA kernels; several tokens: the separate paths), out apart and out = x */
+    for (int f = 1; f < 8; f++) {
+        if (f == MOE_ALIAS || f == (MOE_ALIAS | MOE_NORM)) continue; /* out = x only with accumulate */
+        test_moe_ffn_f(KN_DT_BF16, 1, 16, 8, 2048, 768, KN_ACT_SILU, 0, 0, f);
+        test_moe_ffn_f(KN_DT_F16, 3, 6, 3, 40, 24, KN_ACT_SILU, 0, 0, f);
+        test_moe_ffn_f(KN_DT_F32, 1, 8, 2, 64, 48, KN_ACT_SILU, 0, 0, f);
+        if (be->moe_quantized_experts) test_moe_ffn_f(KN_DT_BF16, 2, 8, 2, 128, 64, KN_ACT_SILU, 4, 64, f);
+    }
     if (be->moe_quantized_experts) { /* MLX-quantized stacks: decode, prefill, a float down stack beside them */
         test_moe_ffn_q(KN_DT_BF16, 1, 8, 2, 128, 64, KN_ACT_SILU, 4, 64);
         test_moe_ffn_q(KN_DT_F16, 7, 6, 3, 96, 64, KN_ACT_SILU, 8, 32);

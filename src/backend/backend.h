@@ -146,8 +146,12 @@ enum { KN_ACT_SILU = 0, KN_ACT_GELU_TANH = 1, KN_ACT_GELU_ERF = 2 };
 
 /* The routed experts of one MoE layer, applied to n_tokens rows:
  *   out[t] = sum over the k selected experts e = idx[t, j] of
- *            w[t, j] * down_e(act(gate_e x[t]) * up_e x[t])
- * summed in ascending expert order (as transformers' index_add over experts).
+ *            w[t, j] * down_e(act(gate_e x'[t]) * up_e x'[t])
+ * summed in ascending expert order (as transformers' index_add over experts),
+ * where x' = x, or x' = rms_norm(x) * norm_w (eps) when norm_w is set (the
+ * layer's pre-MLP RMSNorm done inside the op). With accumulate the sum is
+ * added to out (out[t] += sum) instead of written; out may then alias x (the
+ * residual stream: one op for norm, experts and residual add).
  * Expert weights are stacked along rows: expert e's gate rows are
  * gate_up rows [e*2*inter, e*2*inter + inter), its up rows the next inter;
  * its down rows are down rows [e*dim, (e+1)*dim). Only the selected experts'
@@ -163,10 +167,19 @@ typedef struct {
     const kn_weight *gate_up; /* [n_experts * 2 * inter, dim] */
     const kn_weight *down;    /* [n_experts * dim, inter] */
     float *scratch;           /* backend memory, kn_moe_scratch_floats(n_tokens, dim, inter, k) floats */
+    const float *norm_w;      /* optional [dim]: experts see rms_norm(x) * norm_w */
+    float eps;                /* of that RMSNorm */
+    int accumulate;           /* out += result (out may alias x) */
 } kn_moe_args;
 
+/* the last n_tokens * dim floats hold the normalized x where an
+ * implementation normalizes before its expert kernels */
 static inline size_t kn_moe_scratch_floats(int n_tokens, int dim, int inter, int k) {
-    return (size_t)n_tokens * (size_t)k * (2 * (size_t)dim + 3 * (size_t)inter) + (size_t)n_tokens * k * 2;
+    return (size_t)n_tokens * (size_t)k * (2 * (size_t)dim + 3 * (size_t)inter) + (size_t)n_tokens * k * 2 +
+           (size_t)n_tokens * (size_t)dim;
+}
+static inline float *kn_moe_scratch_xn(const kn_moe_args *a) {
+    return a->scratch + kn_moe_scratch_floats(a->n_tokens, a->dim, a->inter, a->k) - (size_t)a->n_tokens * a->dim;
 }
 
 typedef struct kn_backend_vtbl {

@@ -617,8 +617,8 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms
     const kn_backend_vtbl *op = be->vt;
     const int I = L->inter;
     if (L->is_moe && !c->moe_parallel) {
-        kn_moe_forward(m, L, xn, n, out);
-        return 0;
+        kn_moe_forward(m, L, xn, rms_w, n, may_fuse ? m->x : out, may_fuse);
+        return may_fuse;
     }
     /* prefill: the whole feed-forward and its residual add in one op where
      * the backend has it (the activation stays in the GEMM input dtype) */
@@ -783,7 +783,7 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
         /* feed-forward */
         in = m->x;
         const float *mlp_rms = NULL; /* RMSNorm left to mlp() (it may fuse it) */
-        if (L->mlp_norm && !c->layer_norm && !L->is_moe) mlp_rms = L->mlp_norm;
+        if (L->mlp_norm && !c->layer_norm && !(L->is_moe && c->moe_parallel)) mlp_rms = L->mlp_norm;
         else if (L->mlp_norm) {
             norm_rows(m, m->x, m->xn, n, L->mlp_norm, L->mlp_norm_b);
             in = m->xn;

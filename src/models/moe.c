@@ -193,26 +193,38 @@ kn_code kn_moe_load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_er
     return ld_load_fused(m, src, l, sg, 1, H, NULL, &L->shared_gate, err);
 }
 
-void kn_moe_forward(kn_model *m, const kn_layer *L, const float *xn, int n, float *out) {
+void kn_moe_forward(kn_model *m, const kn_layer *L, const float *x, const float *norm_w, int n, float *out,
+                    int accumulate) {
     const kn_model_config *c = &m->cfg;
     kn_backend *be = m->be;
     const kn_backend_vtbl *op = be->vt;
     const int H = c->hidden_size, k = c->n_experts_per_tok;
-    op->matmul(be, xn, n, &L->router, NULL, m->router_logits);
+    const float eps = (float)c->rms_norm_eps;
+    /* the router reads the normalized x: the norm fused into its matmul where
+     * the backend has that (the shared expert needs x' as a tensor) */
+    if (!(norm_w && !L->shared_gate.data && op->fused_matmul &&
+          op->fused_matmul(be, x, n, norm_w, eps, &L->router, NULL, m->router_logits, KN_EPI_NONE))) {
+        if (norm_w) {
+            op->rms_norm(be, x, H, m->xn, H, n, 1, H, norm_w, eps);
+            x = m->xn, norm_w = NULL;
+        }
+        op->matmul(be, x, n, &L->router, NULL, m->router_logits);
+    }
     op->moe_route(be, m->router_logits, n, c->n_experts, k, c->norm_topk_prob, L->expert_scale, m->route_idx,
                   m->route_w);
     kn_moe_args a = {
-        .x = xn, .out = out, .n_tokens = n, .dim = H, .inter = c->moe_intermediate_size,
+        .x = x, .out = out, .n_tokens = n, .dim = H, .inter = c->moe_intermediate_size,
         .n_experts = c->n_experts, .k = k, .act = c->act, .idx = m->route_idx, .w = m->route_w,
         .gate_up = &L->experts_gate_up, .down = &L->experts_down, .scratch = m->moe_scratch,
+        .norm_w = norm_w, .eps = eps, .accumulate = accumulate,
     };
     op->moe_ffn(be, &a);
     if (!L->shared_gate.data) return;
-    const int S = c->shared_expert_intermediate_size;
-    op->matmul(be, xn, n, &L->gate_up, NULL, m->gu);
+    const int S = c->shared_expert_intermediate_size; /* x is normalized here */
+    op->matmul(be, x, n, &L->gate_up, NULL, m->gu);
     op->swiglu(be, m->gu, n, S, m->act);
     op->matmul(be, m->act, n, &L->down, NULL, m->tmp2);
-    op->matmul(be, xn, n, &L->shared_gate, NULL, m->shared_g);
+    op->matmul(be, x, n, &L->shared_gate, NULL, m->shared_g);
     op->sigmoid_gate_add(be, out, m->tmp2, m->shared_g, n, H);
 }
 

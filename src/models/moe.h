@@ -11,8 +11,13 @@
  * transformers 5's fused [E, 2I, H] / [E, H, I] tensors) and shared expert. */
 kn_code kn_moe_load_layer(kn_model *m, const kn_tensor_source *src, int l, kn_error *err);
 
-/* out[n, H] = routed experts (+ sigmoid-gated shared expert) of xn[n, H]. */
-void kn_moe_forward(kn_model *m, const kn_layer *L, const float *xn, int n, float *out);
+/* out[n, H] = routed experts (+ sigmoid-gated shared expert) of x'[n, H],
+ * x' = rms_norm(x) * norm_w, or x itself when norm_w is NULL. With
+ * accumulate the result is added to out, which may then be x (the residual
+ * stream): the backend may fuse the norm into the router and expert kernels
+ * and the add into the last expert kernel. */
+void kn_moe_forward(kn_model *m, const kn_layer *L, const float *x, const float *norm_w, int n, float *out,
+                    int accumulate);
 
 /* Weight bytes a decode step reads from layer L's experts: router, the k
  * selected experts and the shared expert. */

@@ -82,12 +82,14 @@ static inline float act_f(float g, int act) {
 #define MOE_CHUNK 64 /* weight rows per work item */
 
 /* out[t] = the token's expert outputs Y (rows in sorted-pair order) weighted
- * and summed in ascending expert order (transformers' index_add order) */
-static void moe_combine(const kn_moe_args *a, const int32_t *rs, const int32_t *pair_of, const float *Y, int nt) {
+ * and summed in ascending expert order (transformers' index_add order); with
+ * accumulate the sum is formed in sum_rows [n, D] (free scratch), then added */
+static void moe_combine(const kn_moe_args *a, const int32_t *rs, const int32_t *pair_of, const float *Y,
+                        float *sum_rows, int nt) {
     const int n = a->n_tokens, D = a->dim, k = a->k;
 #pragma omp parallel for num_threads(nt) schedule(static) if (n > 1)
     for (int t = 0; t < n; t++) {
-        float *o = a->out + (size_t)t * D;
+        float *o = (a->accumulate ? sum_rows : a->out) + (size_t)t * D;
         memset(o, 0, (size_t)D * sizeof(float));
         int last = -1;
         for (int s = 0; s < k; s++) {
@@ -105,6 +107,8 @@ static void moe_combine(const kn_moe_args *a, const int32_t *rs, const int32_t *
             const float wt = a->w[p];
             for (int d = 0; d < D; d++) o[d] += y[d] * wt;
         }
+        if (a->accumulate)
+            for (int d = 0; d < D; d++) a->out[(size_t)t * D + d] += o[d];
     }
 }
 
@@ -115,6 +119,12 @@ static void moe_combine(const kn_moe_args *a, const int32_t *rs, const int32_t *
 void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
     const kn_cpu_kernels *kr = kn_cpu_kernels_select();
     const int n = a->n_tokens, D = a->dim, I = a->inter, k = a->k, E = a->n_experts, P = n * k;
+    const float *x = a->x;
+    if (a->norm_w) { /* the layer's RMSNorm, by the backend's own op */
+        float *xn = kn_moe_scratch_xn(a);
+        be->vt->rms_norm(be, a->x, D, xn, D, n, 1, D, a->norm_w, a->eps);
+        x = xn;
+    }
     float *X = a->scratch, *G = X + (size_t)P * D, *A = G + (size_t)P * 2 * I, *Y = A + (size_t)P * I;
     int32_t *pair_of = (int32_t *)(Y + (size_t)P * D); /* sorted position -> pair t*k+j */
     int32_t rs[KN_MOE_MAX_EXPERTS + 1];                 /* expert e's run: [rs[e], rs[e+1]) */
@@ -133,7 +143,7 @@ void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
     const int nt = be->n_threads;
     if (a->gate_up->bits || a->down->bits) { /* MLX-quantized experts: each active expert's rows through matmul */
         for (int q = 0; q < P; q++)
-            memcpy(X + (size_t)q * D, a->x + (size_t)(pair_of[q] / k) * D, (size_t)D * sizeof(float));
+            memcpy(X + (size_t)q * D, x + (size_t)(pair_of[q] / k) * D, (size_t)D * sizeof(float));
         for (int i = 0; i < n_active; i++) {
             const int e = active[i], r0 = rs[e], m = rs[e + 1] - r0;
             const kn_weight gu = kn_weight_rows(a->gate_up, (int64_t)e * 2 * I, 2 * (int64_t)I);
@@ -145,14 +155,14 @@ void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
             }
             be->vt->matmul(be, A + (size_t)r0 * I, m, &dn, NULL, Y + (size_t)r0 * D);
         }
-        moe_combine(a, rs, pair_of, Y, nt);
+        moe_combine(a, rs, pair_of, Y, X, nt);
         return;
     }
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
         for (int q = 0; q < P; q++)
-            memcpy(X + (size_t)q * D, a->x + (size_t)(pair_of[q] / k) * D, (size_t)D * sizeof(float));
+            memcpy(X + (size_t)q * D, x + (size_t)(pair_of[q] / k) * D, (size_t)D * sizeof(float));
         const int c1 = (2 * I + MOE_CHUNK - 1) / MOE_CHUNK;
 #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_active * c1; it++) {
@@ -175,7 +185,7 @@ void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
             kr->gemv(A + (size_t)r0 * I, m, &dn, NULL, Y + (size_t)r0 * D, n0, n1);
         }
     }
-    moe_combine(a, rs, pair_of, Y, nt);
+    moe_combine(a, rs, pair_of, Y, X, nt);
 }
 
 /* ---- gemma3n ---- */

@@ -17,6 +17,10 @@
  * in float32 (scale * q + bias, as base/quant.h defines), so results match
  * the dequantized float32 experts up to summation order.
  *
+ * The layer's RMSNorm (kn_moe_args.norm_w) is fused into the bf16/f16
+ * gate/up kernel; the quantized kernels decline it (the caller normalizes
+ * first). The residual add (accumulate) is fused into both down kernels.
+ *
  * Other cases decline (the generic path of cuda_ops_models.cu runs). */
 #include <stdint.h>
 
@@ -25,6 +29,7 @@
 #define MD_WARPS 8
 #define MD_U 8     /* pieces per row in flight (gate/up) */
 #define MD_MAXK 8  /* slots handled by the fused down kernel */
+#define MD_MAX_SMEM (160 << 10) /* normalized x in the gate/up kernel: dim <= 40960 */
 
 template <int DT>
 __device__ __forceinline__ void md_unpack(uint4 u, float *f) {
@@ -40,8 +45,11 @@ __device__ __forceinline__ void md_unpack(uint4 u, float *f) {
     }
 }
 
+/* x from global memory through the read-only path, or (SH) from shared memory */
+template <bool SH = false>
 __device__ __forceinline__ float md_dot8(const float *w, const float *x) {
-    const float4 a = __ldg((const float4 *)x), b = __ldg((const float4 *)(x + 4));
+    const float4 a = SH ? *(const float4 *)x : __ldg((const float4 *)x);
+    const float4 b = SH ? *(const float4 *)(x + 4) : __ldg((const float4 *)(x + 4));
     return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
 }
 
@@ -51,35 +59,66 @@ __device__ __forceinline__ float md_act(float g, int act) {
     return g / (1.0f + expf(-g));
 }
 
-/* A[j, r] = act(gate_e . x) * (up_e . x), e = idx[j]; grid (inter / 8, k) */
-template <int DT>
+/* A[j, r] = act(gate_e . x') * (up_e . x'), e = idx[j]; grid (inter / 8, k).
+ * NORM: x' = rms_norm(x) * norm_w, formed by every block in shared memory
+ * (dim floats) while its first weight loads are in flight, with the
+ * arithmetic of the fused-norm GEMV (cuda_gemv.cu); otherwise x' = x. */
+template <int DT, bool NORM>
 __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_gate_up(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, int inter,
-                  const int32_t *__restrict__ idx, int act, float *__restrict__ A) {
-    const int lane = threadIdx.x & 31, j = blockIdx.y;
+                  const int32_t *__restrict__ idx, int act, float *__restrict__ A, const float *__restrict__ norm_w,
+                  float eps) {
+    extern __shared__ float4 md_smem[];
+    __shared__ float red[MD_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = blockIdx.y;
     kn_pdl_trigger();
     kn_pdl_wait(); /* x and idx come from the kernels before */
-    const int r = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
-    if (r >= inter) return;
+    const int r = blockIdx.x * MD_WARPS + warp; /* < inter: the launch has inter % MD_WARPS == 0 */
     const int64_t e = idx[j];
     const uint16_t *g = w + (e * 2 * inter + r) * (int64_t)dim, *u = g + (int64_t)inter * dim;
-    float ag = 0.0f, au = 0.0f;
-    for (int c0 = lane * 8; c0 < dim; c0 += 32 * 8 * MD_U) {
-        uint4 rg[MD_U], ru[MD_U];
+    uint4 rg[MD_U], ru[MD_U];
+    auto issue = [&](int c0) {
 #pragma unroll
         for (int t = 0; t < MD_U; t++) {
             const int c = c0 + t * 32 * 8;
             if (c < dim) rg[t] = __ldcs((const uint4 *)(g + c)), ru[t] = __ldcs((const uint4 *)(u + c));
         }
+    };
+    issue(lane * 8);
+    const float *xs = x;
+    if (NORM) { /* the first pieces are in flight meanwhile */
+        float *xw = (float *)md_smem;
+        float ss = 0.0f;
+        for (int c = threadIdx.x * 4; c < dim; c += MD_WARPS * 32 * 4) {
+            const float4 v = __ldg((const float4 *)(x + c));
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        float tot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MD_WARPS; i++) tot += red[i];
+        const float inv = 1.0f / sqrtf(tot / (float)dim + eps);
+        for (int c = threadIdx.x * 4; c < dim; c += MD_WARPS * 32 * 4) {
+            const float4 v = __ldg((const float4 *)(x + c)), q = __ldg((const float4 *)(norm_w + c));
+            *(float4 *)(xw + c) = make_float4(q.x * (v.x * inv), q.y * (v.y * inv), q.z * (v.z * inv), q.w * (v.w * inv));
+        }
+        __syncthreads();
+        xs = xw;
+    }
+    float ag = 0.0f, au = 0.0f;
+    for (int c0 = lane * 8; c0 < dim; c0 += 32 * 8 * MD_U) {
+        if (c0 != lane * 8) issue(c0);
 #pragma unroll
         for (int t = 0; t < MD_U; t++) {
             const int c = c0 + t * 32 * 8;
             if (c >= dim) break;
             float f[8];
             md_unpack<DT>(rg[t], f);
-            ag += md_dot8(f, x + c);
+            ag += md_dot8<NORM>(f, xs + c);
             md_unpack<DT>(ru[t], f);
-            au += md_dot8(f, x + c);
+            au += md_dot8<NORM>(f, xs + c);
         }
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -89,11 +128,12 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     if (lane == 0) A[(int64_t)j * inter + r] = md_act(ag, act) * au;
 }
 
-/* out[d] = sum over slots in ascending expert id of wt[j] * (down_e[d] . A[j]) */
+/* out[d] (+)= sum over slots in ascending expert id of wt[j] * (down_e[d] . A[j]) */
 template <int DT>
 __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_down(const float *__restrict__ A, const uint16_t *__restrict__ w, int dim, int inter,
-               const int32_t *__restrict__ idx, const float *__restrict__ wt, int k, float *__restrict__ out) {
+               const int32_t *__restrict__ idx, const float *__restrict__ wt, int k, float *__restrict__ out,
+               int accumulate) {
     const int lane = threadIdx.x & 31;
     kn_pdl_trigger();
     kn_pdl_wait(); /* A, idx and wt come from the kernels before */
@@ -152,18 +192,34 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         acc += v * wt[order[s]];
     }
-    if (lane == 0) out[d] = acc;
+    if (lane == 0) out[d] = accumulate ? out[d] + acc : acc;
+}
+
+template <int DT, bool NORM>
+static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
+    const dim3 g1((unsigned)(a->inter / MD_WARPS), (unsigned)a->k);
+    const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS));
+    const size_t smem = NORM ? (size_t)a->dim * sizeof(float) : 0;
+    static size_t smem_allowed = 48 << 10; /* per instantiation */
+    if (NORM && smem > smem_allowed) {
+        if (smem > MD_MAX_SMEM || cudaFuncSetAttribute(k_moe_gate_up<DT, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       MD_MAX_SMEM) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        smem_allowed = MD_MAX_SMEM;
+    }
+    kn_cuda_launch(be, k_moe_gate_up<DT, NORM>, g1, dim3(MD_WARPS * 32), smem, a->x, (const uint16_t *)a->gate_up->data,
+                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w, a->eps);
+    kn_cuda_launch(be, k_moe_down<DT>, g2, dim3(MD_WARPS * 32), 0, (const float *)A,
+                   (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx,
+                   (const float *)a->w, a->k, a->out, a->accumulate);
+    return 1;
 }
 
 template <int DT>
-static void moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
-    const dim3 g1((unsigned)((a->inter + MD_WARPS - 1) / MD_WARPS), (unsigned)a->k);
-    const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS));
-    kn_cuda_launch(be, k_moe_gate_up<DT>, g1, dim3(MD_WARPS * 32), 0, a->x, (const uint16_t *)a->gate_up->data,
-                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A);
-    kn_cuda_launch(be, k_moe_down<DT>, g2, dim3(MD_WARPS * 32), 0, (const float *)A,
-                   (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx,
-                   (const float *)a->w, a->k, a->out);
+static int moe_decode_norm(kn_backend *be, const kn_moe_args *a, float *A) {
+    return a->norm_w ? moe_decode_dt<DT, true>(be, a, A) : moe_decode_dt<DT, false>(be, a, A);
 }
 
 /* an expert stack as the token-by-token kernels read it: MLX-quantized
@@ -224,7 +280,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
 /* out[t, d] = sum over t's slots in ascending expert id of wt * (down_e[d] . A[p]); grid (dim / 8, n) */
 __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_down_q(const float *__restrict__ A, mq_w w, int dim, int inter, const int32_t *__restrict__ idx,
-                 const float *__restrict__ wt, int k, float *__restrict__ out) {
+                 const float *__restrict__ wt, int k, float *__restrict__ out, int accumulate) {
     const int lane = threadIdx.x & 31, t = blockIdx.y;
     kn_pdl_trigger();
     kn_pdl_wait(); /* A, idx and wt come from the kernels before */
@@ -242,7 +298,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
         const int64_t p = (int64_t)t * k + best;
         acc += mq_dot(w, (int64_t)last * dim + d, inter, A + p * inter, lane) * wt[p];
     }
-    if (lane == 0) out[(int64_t)t * dim + d] = acc;
+    if (lane == 0) out[(int64_t)t * dim + d] = accumulate ? out[(int64_t)t * dim + d] + acc : acc;
 }
 
 /* any mix of quantized and float stacks (switch_mlp keeps a projection float
@@ -254,21 +310,19 @@ static int moe_quant(kn_backend *be, const kn_moe_args *a) {
     kn_cuda_launch(be, k_moe_gate_up_q, g1, dim3(MD_WARPS * 32), 0, a->x, mq_of(a->gate_up), a->dim, a->inter, a->k,
                    (const int32_t *)a->idx, a->act, A);
     kn_cuda_launch(be, k_moe_down_q, g2, dim3(MD_WARPS * 32), 0, (const float *)A, mq_of(a->down), a->dim, a->inter,
-                   (const int32_t *)a->idx, (const float *)a->w, a->k, a->out);
+                   (const int32_t *)a->idx, (const float *)a->w, a->k, a->out, a->accumulate);
     return 1;
 }
 
 int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a) {
     const kn_weight *gu = a->gate_up, *dn = a->down;
-    if (gu->bits || dn->bits) return moe_quant(be, a);
+    if (gu->bits || dn->bits) return a->norm_w ? 0 : moe_quant(be, a); /* the caller normalizes first */
     if (a->n_tokens != 1 || a->k < 1 || a->k > MD_MAXK || gu->bits || dn->bits || gu->dtype != dn->dtype ||
         (gu->dtype != KN_DT_BF16 && gu->dtype != KN_DT_F16))
         return 0;
     if (a->dim % 8 || a->inter % 8 || ((uintptr_t)gu->data & 15) || ((uintptr_t)dn->data & 15) ||
-        ((uintptr_t)a->x & 15) || ((uintptr_t)a->scratch & 15))
+        ((uintptr_t)a->x & 15) || ((uintptr_t)a->scratch & 15) || ((uintptr_t)a->norm_w & 15))
         return 0;
     float *A = a->scratch; /* [k, inter] */
-    if (gu->dtype == KN_DT_BF16) moe_decode_dt<KN_DT_BF16>(be, a, A);
-    else moe_decode_dt<KN_DT_F16>(be, a, A);
-    return 1;
+    return gu->dtype == KN_DT_BF16 ? moe_decode_norm<KN_DT_BF16>(be, a, A) : moe_decode_norm<KN_DT_F16>(be, a, A);
 }

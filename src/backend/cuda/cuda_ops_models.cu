@@ -166,8 +166,9 @@ __global__ void k_moe_act(const float *G, int64_t n_pairs, int inter, int act, f
     A[i] = act_f(g[j], act) * g[inter + j];
 }
 
-/* out[t, d] = sum over the token's slots in ascending expert id of w * Y */
-__global__ void k_moe_combine(const float *Y, const int32_t *idx, const float *w, int n, int k, int dim, float *out) {
+/* out[t, d] (+)= sum over the token's slots in ascending expert id of w * Y */
+__global__ void k_moe_combine(const float *Y, const int32_t *idx, const float *w, int n, int k, int dim, float *out,
+                              int accumulate) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)n * dim) return;
     int t = (int)(i / dim), d = (int)(i % dim);
@@ -182,7 +183,7 @@ __global__ void k_moe_combine(const float *Y, const int32_t *idx, const float *w
         last = it[best];
         acc += Y[((int64_t)t * k + best) * dim + d] * w[(int64_t)t * k + best];
     }
-    out[i] = acc;
+    out[i] = accumulate ? out[i] + acc : acc;
 }
 
 /* ---- expert-grouped path (prefill): pairs sorted by expert, each weight row
@@ -287,9 +288,9 @@ static void moe_grouped(cudaStream_t st, int E, const float *x, int64_t x_stride
         moe_grouped_dt<KN_DT_F32>(st, E, x, x_stride, x_div, gather, w->data, cols, rows, run_start, pair_of, tg, out);
 }
 
-/* out[t, d] = sum over the token's slots in ascending expert id of w * Y[pos_of[pair]] */
+/* out[t, d] (+)= sum over the token's slots in ascending expert id of w * Y[pos_of[pair]] */
 __global__ void k_moe_combine_sorted(const float *Y, const int32_t *idx, const int32_t *pos_of, const float *w, int n,
-                                     int k, int dim, float *out) {
+                                     int k, int dim, float *out, int accumulate) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)n * dim) return;
     int t = (int)(i / dim), d = (int)(i % dim);
@@ -305,7 +306,7 @@ __global__ void k_moe_combine_sorted(const float *Y, const int32_t *idx, const i
         int64_t p = (int64_t)t * k + best;
         acc += Y[(int64_t)pos_of[p] * dim + d] * w[p];
     }
-    out[i] = acc;
+    out[i] = accumulate ? out[i] + acc : acc;
 }
 
 static unsigned blocks_for(int64_t n) { return (unsigned)((n + 255) / 256); }
@@ -344,10 +345,18 @@ extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64
     if (n > 0) k_mul_rows<<<blocks_for(n), 256, 0, S>>>(y, x, x_stride, n, dim);
 }
 
-extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a) {
-    const int n = a->n_tokens, k = a->k, D = a->dim, I = a->inter;
+extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a0) {
+    const int n = a0->n_tokens, k = a0->k, D = a0->dim, I = a0->inter;
     const int64_t pairs = (int64_t)n * k;
-    if (pairs <= 0 || kn_cuda_moe_decode(be, a)) return;
+    if (pairs <= 0 || kn_cuda_moe_decode(be, a0)) return;
+    kn_moe_args na = *a0;
+    const kn_moe_args *a = &na;
+    if (na.norm_w) { /* the RMSNorm as its own kernel, into the scratch's tail */
+        float *xn = kn_moe_scratch_xn(a0);
+        be->vt->rms_norm(be, na.x, D, xn, D, n, 1, D, na.norm_w, na.eps);
+        na.x = xn, na.norm_w = NULL;
+        if (kn_cuda_moe_decode(be, a)) return;
+    }
     float *G = a->scratch, *A = G + pairs * 2 * I, *Y = A + pairs * I;
     /* prefill: tokens grouped by expert (the int arrays live in the scratch
      * tail: P * (dim + 2) floats remain after G, A, Y) */
@@ -360,7 +369,8 @@ extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a) {
         moe_grouped(S, a->n_experts, a->x, D, k, 1, a->gate_up, D, 2 * (int64_t)I, run_start, pair_of, tg, G);
         k_moe_act<<<blocks_for(pairs * I), 256, 0, S>>>(G, pairs, I, a->act, A);
         moe_grouped(S, a->n_experts, A, I, 1, 0, a->down, I, D, run_start, pair_of, tg, Y);
-        k_moe_combine_sorted<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, pos_of, a->w, n, k, D, a->out);
+        k_moe_combine_sorted<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, pos_of, a->w, n, k, D, a->out,
+                                                                         a->accumulate);
         return;
     }
     const int warps = 8;
@@ -369,7 +379,7 @@ extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a) {
     k_moe_act<<<blocks_for(pairs * I), 256, 0, S>>>(G, pairs, I, a->act, A);
     dim3 g2((unsigned)((D + warps - 1) / warps), (unsigned)pairs);
     moe_rows(S, g2, warps * 32, A, I, 1, a->down, I, D, a->idx, Y);
-    k_moe_combine<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, a->w, n, k, D, a->out);
+    k_moe_combine<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, a->w, n, k, D, a->out, a->accumulate);
 }
 
 /* ---- gemma3n: AltUp stream mixing, magnitude matching, gaussian top-k ---- */

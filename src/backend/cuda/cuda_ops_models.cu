@@ -38,8 +38,10 @@ __global__ void k_mul_rows(float *y, const float *x, int64_t x_stride, int64_t n
 
 /* MoE routing, one warp per row for up to 32 RI experts: lane l holds experts l + 32 i.
  * Softmax, then k rounds of a warp argmax (higher p, ties to the lower id)
- * give the CPU's order; the top-k sum for renormalizing runs in that order
- * on one lane, as the CPU adds it. Taken experts become NaN (never > any). */
+ * give the CPU's order; the top-k sum for renormalizing runs in that order,
+ * as the CPU adds it (k <= 32: the slots stay in registers, lane j holding
+ * slot j, and every lane forms the sum by shuffles; larger k: on lane 0
+ * through memory). Taken experts become NaN (never > any). */
 template <int RI>
 __global__ void k_moe_route(const float *__restrict__ logits, int rows, int E, int k, int norm,
                             const float *__restrict__ escale, int32_t *__restrict__ idx, float *__restrict__ w) {
@@ -65,6 +67,8 @@ __global__ void k_moe_route(const float *__restrict__ logits, int rows, int E, i
         if (lane + 32 * i < E) p[i] /= sum;
     int32_t *ir = idx + (int64_t)r * k;
     float *wr = w + (int64_t)r * k;
+    float mine_w = 0.0f; /* k <= 32: lane j keeps slot j in registers */
+    int mine_e = 0;
     for (int j = 0; j < k; j++) {
         float bp = -INFINITY;
         int be = 0x7fffffff;
@@ -80,7 +84,22 @@ __global__ void k_moe_route(const float *__restrict__ logits, int rows, int E, i
 #pragma unroll
         for (int i = 0; i < RI; i++)
             if (lane + 32 * i == be) p[i] = __int_as_float(0x7fc00000);
-        if (lane == 0) wr[j] = bp, ir[j] = be;
+        if (k <= 32) {
+            if (lane == j) mine_w = bp, mine_e = be;
+        } else if (lane == 0) {
+            wr[j] = bp, ir[j] = be;
+        }
+    }
+    if (k <= 32) { /* every lane adds the k weights in slot order, as lane 0 would */
+        float s = 0.0f;
+        if (norm)
+            for (int j = 0; j < k; j++) s += __shfl_sync(0xffffffffu, mine_w, j);
+        if (lane < k) {
+            float v = norm ? mine_w / s : mine_w;
+            if (escale) v *= escale[mine_e];
+            wr[lane] = v, ir[lane] = mine_e;
+        }
+        return;
     }
     if (lane) return;
     if (norm) {

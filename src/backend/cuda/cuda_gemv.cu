@@ -118,33 +118,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     kn_pdl_wait();
 
     const float *xs = (const float *)gemv_smem;
-    if (NORM) { /* x -> rms_norm(x) * norm_w in shared memory */
-        float *xw = (float *)gemv_smem;
-        for (int m = 0; m < M; m++) {
-            const float *xm = x + (int64_t)m * K;
-            float ss = 0.0f;
-#pragma unroll 4 /* the loads of several iterations in flight: one L2 round trip, not four */
-            for (int64_t j = (int64_t)tid * 4; j < K; j += GEMV_WARPS * 32 * 4) {
-                float4 v = __ldg((const float4 *)(xm + j));
-                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            }
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0) red[warp] = ss;
-            __syncthreads();
-            float tot = 0.0f;
-#pragma unroll
-            for (int i = 0; i < GEMV_WARPS; i++) tot += red[i];
-            __syncthreads();
-            const float inv = 1.0f / sqrtf(tot / (float)K + eps);
-#pragma unroll 4
-            for (int64_t j = (int64_t)tid * 4; j < K; j += GEMV_WARPS * 32 * 4) {
-                float4 v = __ldg((const float4 *)(xm + j)), g = __ldg((const float4 *)(norm_w + j));
-                *(float4 *)(xw + (int64_t)m * K + j) =
-                    make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv));
-            }
-        }
-        __syncthreads();
-    }
+    if (NORM) /* x -> rms_norm(x) * norm_w in shared memory */
+        for (int m = 0; m < M; m++)
+            kn_block_rms_norm_smem<GEMV_WARPS>(x + (int64_t)m * K, K, norm_w, eps, (float *)gemv_smem + (int64_t)m * K, red);
     float acc[R][M];
 #pragma unroll
     for (int r = 0; r < R; r++)

@@ -180,6 +180,37 @@ __device__ __forceinline__ kn_softmax_step kn_softmax_rows(float mxa, float mxb,
     return r;
 }
 
+/* rms_norm(x[0, K)) * norm_w into shared memory xw[0, K) by a whole block of
+ * NW warps (K % 4 == 0; x, norm_w 16-byte aligned): the prologue of the
+ * GEMV and MoE gate/up kernels that fuse the RMSNorm before them. red: NW
+ * floats of shared memory. Returns with the block synchronized. */
+template <int NW>
+__device__ __forceinline__ void kn_block_rms_norm_smem(const float *__restrict__ x, int64_t K,
+                                                       const float *__restrict__ norm_w, float eps, float *xw,
+                                                       float *red) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    float ss = 0.0f;
+#pragma unroll 4 /* the loads of several iterations in flight: one L2 round trip, not four */
+    for (int64_t j = (int64_t)tid * 4; j < K; j += NW * 32 * 4) {
+        const float4 v = __ldg((const float4 *)(x + j));
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NW; i++) tot += red[i];
+    __syncthreads(); /* red is free for the next row */
+    const float inv = 1.0f / sqrtf(tot / (float)K + eps);
+#pragma unroll 4
+    for (int64_t j = (int64_t)tid * 4; j < K; j += NW * 32 * 4) {
+        const float4 v = __ldg((const float4 *)(x + j)), g = __ldg((const float4 *)(norm_w + j));
+        *(float4 *)(xw + j) = make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv));
+    }
+    __syncthreads();
+}
+
 /* Element i of a weight stored as F32, BF16 or F16, widened to float. */
 __device__ __forceinline__ float kn_cuda_load_w(const void *w, int64_t i, int dt) {
     if (dt == KN_DT_F32) return ((const float *)w)[i];

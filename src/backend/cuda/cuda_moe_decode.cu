@@ -87,25 +87,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     issue(lane * 8);
     const float *xs = x;
     if (NORM) { /* the first pieces are in flight meanwhile */
-        float *xw = (float *)md_smem;
-        float ss = 0.0f;
-        for (int c = threadIdx.x * 4; c < dim; c += MD_WARPS * 32 * 4) {
-            const float4 v = __ldg((const float4 *)(x + c));
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) red[warp] = ss;
-        __syncthreads();
-        float tot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MD_WARPS; i++) tot += red[i];
-        const float inv = 1.0f / sqrtf(tot / (float)dim + eps);
-        for (int c = threadIdx.x * 4; c < dim; c += MD_WARPS * 32 * 4) {
-            const float4 v = __ldg((const float4 *)(x + c)), q = __ldg((const float4 *)(norm_w + c));
-            *(float4 *)(xw + c) = make_float4(q.x * (v.x * inv), q.y * (v.y * inv), q.z * (v.z * inv), q.w * (v.w * inv));
-        }
-        __syncthreads();
-        xs = xw;
+        kn_block_rms_norm_smem<MD_WARPS>(x, dim, norm_w, eps, (float *)md_smem, red);
+        xs = (const float *)md_smem;
     }
     float ag = 0.0f, au = 0.0f;
     for (int c0 = lane * 8; c0 < dim; c0 += 32 * 8 * MD_U) {

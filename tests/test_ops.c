@@ -1157,25 +1157,30 @@ static void test_moe_ffn_f(kn_dtype dt, int n, int E, int k, int dim, int inter,
     back(out, dout, (size_t)n * dim * 4); /* frees dout */
     if (dout != dx) kn_be_free(be, dx);
     kn_be_free(be, dw), kn_be_free(be, dnw), kn_be_free(be, dscr), kn_be_free(be, didx);
-    double *h = malloc((size_t)inter * sizeof(double));
+    /* per token: each slot's activations h and their magnitudes hm (the
+     * sums' magnitudes, so cancellation inside them is allowed for) */
+    double *h = malloc((size_t)k * inter * sizeof(double)), *hm = malloc((size_t)k * inter * sizeof(double));
     for (int t = 0; t < n; t++) {
+        for (int j = 0; j < k; j++) {
+            const int e = idx[t * k + j];
+            for (int i = 0; i < inter; i++) {
+                double g = 0, u = 0, gm = 0, um = 0;
+                for (int c = 0; c < dim; c++) {
+                    const double pg = (double)guf[((int64_t)e * 2 * inter + i) * dim + c] * xr[t * dim + c];
+                    const double pu = (double)guf[((int64_t)e * 2 * inter + inter + i) * dim + c] * xr[t * dim + c];
+                    g += pg, u += pu, gm += fabs(pg), um += fabs(pu);
+                }
+                h[j * inter + i] = act_ref(g, act) * u;
+                hm[j * inter + i] = (gm + fabs(g)) * (fabs(u) + um);
+            }
+        }
         for (int d = 0; d < dim; d++) {
             double ref = 0, mag = 0;
             for (int j = 0; j < k; j++) {
-                int e = idx[t * k + j];
-                double ymag = 0; /* the sums' magnitudes, so cancellation inside them is allowed for */
-                for (int i = 0; i < inter; i++) {
-                    double g = 0, u = 0, gm = 0, um = 0;
-                    for (int c = 0; c < dim; c++) {
-                        const double pg = (double)guf[((int64_t)e * 2 * inter + i) * dim + c] * xr[t * dim + c];
-                        const double pu = (double)guf[((int64_t)e * 2 * inter + inter + i) * dim + c] * xr[t * dim + c];
-                        g += pg, u += pu, gm += fabs(pg), um += fabs(pu);
-                    }
-                    h[i] = act_ref(g, act) * u;
-                    ymag += fabs(dnf[((int64_t)e * dim + d) * inter + i]) * (gm + fabs(g)) * (fabs(u) + um);
-                }
-                double y = 0;
-                for (int i = 0; i < inter; i++) y += dnf[((int64_t)e * dim + d) * inter + i] * h[i];
+                const int e = idx[t * k + j];
+                const float *dr = dnf + ((int64_t)e * dim + d) * inter;
+                double y = 0, ymag = 0;
+                for (int i = 0; i < inter; i++) y += dr[i] * h[j * inter + i], ymag += fabs(dr[i]) * hm[j * inter + i];
                 ref += w[t * k + j] * y;
                 mag += fabs(w[t * k + j]) * ymag + 1.0;
             }
@@ -1191,7 +1196,7 @@ static void test_moe_ffn_f(kn_dtype dt, int n, int E, int k, int dim, int inter,
     }
     kn_be_weight_free(be, &gu), kn_be_weight_free(be, &dn);
     free(gu_raw), free(dn_raw), free(guf), free(dnf), free(x), free(w), free(out), free(idx), free(h);
-    free(out0), free(nw), free(xr);
+    free(out0), free(nw), free(xr), free(hm);
 }
 
 static void test_moe_ffn_q(kn_dtype dt, int n, int E, int k, int dim, int inter, int act, int bits, int gs) {

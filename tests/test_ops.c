@@ -1323,6 +1323,11 @@ int main(void) {
     test_rope_kv_write(3, 4, 2, 256, 256, "k4v3", 0);
     test_rope_kv_write(4, 8, 2, 128, 64, "k8v3", 0);        /* partial rotary: declined */
     test_rope_kv_write(2, 8, 2, 128, 128, "k8v3", 1);       /* q/k norms: declined */
+    test_rope_kv_write(1, 32, 4, 128, 128, "bf16", 1);      /* q/k norms (qwen3): rotary pairs in registers */
+    test_rope_kv_write(3, 6, 2, 128, 128, "f32", 1);        /* the same, heads not a multiple of 4 */
+    test_rope_kv_write(2, 4, 2, 128, 64, "bf16", 1);        /* partial rotary with norms: through x */
+    test_rope_kv_write(2, 4, 2, 64, 64, "bf16", 1);
+    test_rope_kv_write(1, 8, 2, 256, 256, "bf16", 1);
     int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}, {16, 2}};
     int hds[] = {64, 128, 256};
     for (size_t g = 0; g < 4; g++)

@@ -326,7 +326,10 @@ __global__ void k_rope(float *x, int64_t stride, int n_heads, int head_dim, cons
  * arithmetic: the launch gives it k_rms_norm's thread count, so the sums
  * split and meet in the same order and the result is the same bits. The
  * heads' elements (at most ROPE_NORM_PER per thread) are loaded together and
- * the norm weights before the wait: one round trip, not one per head. */
+ * the norm weights before the wait: one round trip, not one per head. Where
+ * each thread's two elements are one rotary pair (full rotation, head_dim =
+ * 2 x threads: head_dim 128 at 64 threads) the rotation and the cache write
+ * work from registers, with no pass through x in between. */
 #define ROPE_NORM_PER 4
 template <bool BF16>
 __global__ void k_rope_kv(float *x, const float *v, int64_t stride, int n_q, int n_heads, int head_dim,
@@ -364,6 +367,40 @@ __global__ void k_rope_kv(float *x, const float *v, int64_t stride, int n_q, int
             if (lane == 0) sh[hh][wid] = ss[hh];
         }
         __syncthreads();
+        if (rot_dim == head_dim && 2 * (int)blockDim.x == head_dim) {
+            /* each thread holds its rotary pair (j, j + head_dim / 2): norm,
+             * rotation and the cache rows from registers, same arithmetic */
+            const int j = threadIdx.x, half = head_dim / 2;
+            float sn, cs;
+            sincosf((float)pos[t] * inv_freq[j], &sn, &cs);
+            cs *= scale, sn *= scale;
+            const int64_t w = (int64_t)(n_heads - n_q) * head_dim, slot = slots[t];
+#pragma unroll
+            for (int hh = 0; hh < ROPE_HEADS; hh++) {
+                const int h = h0 + hh;
+                if (h >= n_heads) break;
+                float tot = 0.0f;
+                for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) tot += sh[hh][i];
+                const float inv = 1.0f / sqrtf(tot / head_dim + eps);
+                float a0 = wv[hh][0] * (a[hh][0] * inv), a1 = wv[hh][1] * (a[hh][1] * inv);
+                kn_rope_rotate(a0, a1, cs, sn);
+                float *xi = x + t * stride + (int64_t)h * head_dim;
+                xi[j] = a0, xi[j + half] = a1;
+                if (h < n_q) continue;
+                const int64_t o = (int64_t)(h - n_q) * head_dim, at = slot * w + o;
+                const float v0 = v[t * stride + o + j], v1 = v[t * stride + o + j + half];
+                if (BF16) {
+                    ((uint16_t *)kc)[at + j] = __bfloat16_as_ushort(__float2bfloat16(a0));
+                    ((uint16_t *)kc)[at + j + half] = __bfloat16_as_ushort(__float2bfloat16(a1));
+                    ((uint16_t *)vc)[at + j] = __bfloat16_as_ushort(__float2bfloat16(v0));
+                    ((uint16_t *)vc)[at + j + half] = __bfloat16_as_ushort(__float2bfloat16(v1));
+                } else {
+                    ((float *)kc)[at + j] = a0, ((float *)kc)[at + j + half] = a1;
+                    ((float *)vc)[at + j] = v0, ((float *)vc)[at + j + half] = v1;
+                }
+            }
+            return;
+        }
 #pragma unroll
         for (int hh = 0; hh < ROPE_HEADS; hh++) {
             if (h0 + hh >= n_heads) break;

@@ -32,6 +32,7 @@
 #define KVF_WARPS 4
 #define KVF_MAX_SPLITS 128
 #define KVF_MIN_SPLIT_KEYS 32
+#define KVF_TC_MIN_SPLIT_KEYS 64 /* one step of the tensor-core kernel's four warps */
 #define KVF_WARP_KEYS 64
 #define KVF_TC_WARP_KEYS 256 /* the tensor-core kernel walks 16 keys a step: longer runs per warp, fewer splits */
 #define KVF_TC_TRANS_KEYS 8192 /* context bucket from which groups <= 8 take the transposed tensor-core form */

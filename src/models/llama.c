@@ -617,8 +617,11 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms
     const kn_backend_vtbl *op = be->vt;
     const int I = L->inter;
     if (L->is_moe && !c->moe_parallel) {
-        kn_moe_forward(m, L, xn, rms_w, n, may_fuse ? m->x : out, may_fuse);
-        return may_fuse;
+        /* the residual add inside the op, unless the shared expert would then
+         * read x after the routed experts added into it (no norm to copy x) */
+        const int add = may_fuse && (rms_w || !L->shared_gate.data);
+        kn_moe_forward(m, L, xn, rms_w, n, add ? m->x : out, add);
+        return add;
     }
     /* prefill: the whole feed-forward and its residual add in one op where
      * the backend has it (the activation stays in the GEMM input dtype) */

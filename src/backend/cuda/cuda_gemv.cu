@@ -226,15 +226,8 @@ static int launch_gemv(kn_backend *be, const float *x, const kn_weight *w, int64
     const int64_t K = w->cols;
     const size_t smem = (size_t)NORM * (size_t)M * (size_t)K * sizeof(float);
     static size_t smem_allowed = 48 << 10; /* per instantiation */
-    if (NORM && (int64_t)smem > (int64_t)GEMV_MAX_SMEM) return 0;
-    if (NORM && smem > smem_allowed) {
-        if (cudaFuncSetAttribute(k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 GEMV_MAX_SMEM) != cudaSuccess) {
-            cudaGetLastError();
-            return 0;
-        }
-        smem_allowed = GEMV_MAX_SMEM;
-    }
+    if (NORM && !kn_cuda_allow_smem(k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, smem, GEMV_MAX_SMEM, &smem_allowed))
+        return 0;
     const unsigned blocks = (unsigned)((N + GEMV_COLS(EPI) - 1) / GEMV_COLS(EPI));
     return kn_cuda_launch(be, k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, dim3(blocks), dim3(GEMV_WARPS * 32), smem, x, w->data, N, K,
                           bias, out, accumulate, norm_w, eps) == cudaSuccess;

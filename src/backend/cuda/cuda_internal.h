@@ -254,6 +254,21 @@ static inline cudaError_t kn_cuda_launch(kn_backend *be, void (*k)(KArgs...), di
     return cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
 }
 
+/* 1 when kernel k may be launched with smem bytes of dynamic shared memory:
+ * above the default 48 KiB it opts k in up to max once (allowed: a static of
+ * the caller, one per kernel instantiation); 0 when smem exceeds max or the
+ * opt-in fails. */
+template <typename... KArgs>
+static inline int kn_cuda_allow_smem(void (*k)(KArgs...), size_t smem, size_t max, size_t *allowed) {
+    if (smem <= *allowed) return 1;
+    if (smem > max || cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    *allowed = max;
+    return 1;
+}
+
 /* Decode-shaped matmul (cuda_gemv.cu) for M <= KN_CUDA_GEMV_MAX_M rows of x:
  * out = epi(rms_norm(x; norm_w, eps) . W^T + bias) (norm_w NULL: no norm;
  * accumulate adds into out; epi as backend.h's fused_matmul). Returns 0,

@@ -184,14 +184,7 @@ static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS));
     const size_t smem = NORM ? (size_t)a->dim * sizeof(float) : 0;
     static size_t smem_allowed = 48 << 10; /* per instantiation */
-    if (NORM && smem > smem_allowed) {
-        if (smem > MD_MAX_SMEM || cudaFuncSetAttribute(k_moe_gate_up<DT, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       MD_MAX_SMEM) != cudaSuccess) {
-            cudaGetLastError();
-            return 0;
-        }
-        smem_allowed = MD_MAX_SMEM;
-    }
+    if (NORM && !kn_cuda_allow_smem(k_moe_gate_up<DT, NORM>, smem, MD_MAX_SMEM, &smem_allowed)) return 0;
     kn_cuda_launch(be, k_moe_gate_up<DT, NORM>, g1, dim3(MD_WARPS * 32), smem, a->x, (const uint16_t *)a->gate_up->data,
                    a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w, a->eps);
     kn_cuda_launch(be, k_moe_down<DT>, g2, dim3(MD_WARPS * 32), 0, (const float *)A,

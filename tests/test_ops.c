@@ -1152,7 +1152,9 @@ static void test_moe_ffn_f(kn_dtype dt, int n, int E, int k, int dim, int inter,
     int32_t *didx = dev(idx, (size_t)n * k * 4);
     kn_moe_args a = {.x = dx, .out = dout, .n_tokens = n, .dim = dim, .inter = inter, .n_experts = E, .k = k,
                      .act = act, .idx = didx, .w = dw, .gate_up = &gu, .down = &dn, .scratch = dscr,
-                     .norm_w = fuse & MOE_NORM ? dnw : NULL, .eps = eps, .accumulate = !!(fuse & MOE_ACC)};
+                     .norm_w = fuse & MOE_NORM ? dnw : NULL, .eps = eps, .accumulate = !!(fuse & MOE_ACC),
+                     /* the cache hint (an unaligned range of the expert weights): must not change a result */
+                     .next = (const uint8_t *)gu.data + 4, .next_bytes = (size_t)kn_weight_data_bytes(&gu) - 20};
     be->vt->moe_ffn(be, &a);
     back(out, dout, (size_t)n * dim * 4); /* frees dout */
     if (dout != dx) kn_be_free(be, dx);
@@ -1377,6 +1379,8 @@ int main(void) {
     /* decode at real widths (CUDA: the fused gate/up and down+combine kernels, several pieces per lane) */
     test_moe_ffn(KN_DT_BF16, 1, 16, 8, 2048, 768, KN_ACT_SILU);
     test_moe_ffn(KN_DT_F16, 1, 12, 5, 520, 264, KN_ACT_GELU_TANH);
+    /* k x inter activations too wide for the CUDA down kernel's shared memory (172 KB): read in place */
+    test_moe_ffn(KN_DT_BF16, 1, 9, 8, 24, 5384, KN_ACT_SILU);
     /* the layer's RMSNorm and residual add inside the op (decode: fused into the
      * CUDA kernels; several tokens: the separate paths), out apart and out = x */
     for (int f = 1; f < 8; f++) {

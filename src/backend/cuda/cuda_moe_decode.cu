@@ -11,6 +11,14 @@
  *     expert's down matrix at once (one load per expert in flight per lane),
  *     and sums w_j * (down_j . a_j) over the slots in ascending expert id,
  *     as kn_moe_args specifies, writing out[d]: the combine step is fused.
+ *     The block stages the k activation rows in shared memory while its
+ *     first weight loads are in flight.
+ *
+ * The down kernel cannot start streaming before the gate/up kernel's blocks
+ * leave the SMs, and the experts are known only after routing; so the
+ * gate/up kernel's first blocks ask the L2 to fetch the selected experts'
+ * down matrices (kn_l2_prefetch) while the gate/up weights stream, and the
+ * down kernel then reads them from the L2.
  *
  * MLX-quantized experts (any number of tokens; correct-first): the same
  * two-kernel shape over (token, slot) with each row dequantized word by word
@@ -23,6 +31,7 @@
  *
  * Other cases decline (the generic path of cuda_ops_models.cu runs). */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -63,11 +72,46 @@ __device__ __forceinline__ float md_act(float g, int act) {
  * NORM: x' = rms_norm(x) * norm_w, formed by every block in shared memory
  * (dim floats) while its first weight loads are in flight, with the
  * arithmetic of the fused-norm GEMV (cuda_gemv.cu); otherwise x' = x. */
+/* The first MD_PF_BLOCKS blocks of the gate/up grid split the k selected
+ * down matrices (dim x inter each, contiguous) into equal byte ranges and
+ * each asks the L2 for its range. */
+#define MD_PF_BLOCKS 256
+#define MD_PF_MAX (64 << 10) /* bytes per prefetch instruction */
+__device__ __forceinline__ void md_prefetch_down(const uint16_t *__restrict__ down, int dim, int inter,
+                                                 const int32_t *__restrict__ idx, int k) {
+    const int nb = gridDim.x * gridDim.y, pb = nb < MD_PF_BLOCKS ? nb : MD_PF_BLOCKS;
+    const int b = blockIdx.y * gridDim.x + blockIdx.x;
+    if (b >= pb) return;
+    const int64_t seg = (int64_t)dim * inter * 2, total = seg * k; /* bytes; seg is a multiple of 128 */
+    const int64_t chunk = ((total + pb - 1) / pb + 15) & ~(int64_t)15;
+    int64_t lo = b * chunk, hi = lo + chunk < total ? lo + chunk : total;
+    while (lo < hi) { /* the pieces of the range inside each slot's matrix */
+        const int s = (int)(lo / seg);
+        int64_t end = (s + 1) * seg < hi ? (s + 1) * seg : hi;
+        if (end - lo > MD_PF_MAX) end = lo + MD_PF_MAX;
+        kn_l2_prefetch((const uint8_t *)down + idx[s] * seg + (lo - s * seg), (uint32_t)(end - lo));
+        lo = end;
+    }
+}
+
+/* The first MD_PF_BLOCKS blocks of a grid split the bytes [p, p + bytes)
+ * (the next op's weights, kn_moe_args.next) and each asks the L2 for its part. */
+__device__ __forceinline__ void md_prefetch_next(const uint8_t *__restrict__ p, int64_t bytes) {
+    const int nb = gridDim.x * gridDim.y, pb = nb < MD_PF_BLOCKS ? nb : MD_PF_BLOCKS;
+    const int b = blockIdx.y * gridDim.x + blockIdx.x;
+    if (!p || b >= pb) return;
+    const int64_t head = (16 - ((uintptr_t)p & 15)) & 15; /* whole 16-byte units only */
+    p += head, bytes = (bytes - head) & ~(int64_t)15;
+    const int64_t chunk = ((bytes + pb - 1) / pb + 15) & ~(int64_t)15;
+    for (int64_t lo = b * chunk, hi = lo + chunk < bytes ? lo + chunk : bytes; lo < hi; lo += MD_PF_MAX)
+        kn_l2_prefetch(p + lo, (uint32_t)(hi - lo < MD_PF_MAX ? hi - lo : MD_PF_MAX));
+}
+
 template <int DT, bool NORM>
 __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_gate_up(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, int inter,
                   const int32_t *__restrict__ idx, int act, float *__restrict__ A, const float *__restrict__ norm_w,
-                  float eps) {
+                  float eps, const uint16_t *__restrict__ down, int k) {
     extern __shared__ float4 md_smem[];
     __shared__ float red[MD_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = blockIdx.y;
@@ -109,34 +153,46 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
         au += __shfl_xor_sync(0xffffffffu, au, o);
     }
     if (lane == 0) A[(int64_t)j * inter + r] = md_act(ag, act) * au;
+    if (threadIdx.x == 0) md_prefetch_down(down, dim, inter, idx, k); /* after this block's own loads */
 }
 
-/* out[d] (+)= sum over slots in ascending expert id of wt[j] * (down_e[d] . A[j]) */
-template <int DT>
-__global__ void __launch_bounds__(MD_WARPS * 32)
+/* out[d] (+)= sum over slots in ascending expert id of wt[j] * (down_e[d] . A[j]).
+ * SH: the block copies A (k x inter floats) into shared memory after its
+ * warps have issued their first weight loads; otherwise A is read from
+ * global memory as it is used. */
+template <int DT, bool SH>
+__global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 128 registers */
     k_moe_down(const float *__restrict__ A, const uint16_t *__restrict__ w, int dim, int inter,
                const int32_t *__restrict__ idx, const float *__restrict__ wt, int k, float *__restrict__ out,
-               int accumulate) {
+               int accumulate, const uint8_t *__restrict__ next, int64_t next_bytes) {
+    extern __shared__ float4 md_smem[];
     const int lane = threadIdx.x & 31;
     kn_pdl_trigger();
+    if (threadIdx.x == 0) md_prefetch_next(next, next_bytes); /* immutable weights: before the wait */
     kn_pdl_wait(); /* A, idx and wt come from the kernels before */
-    const int d = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
-    if (d >= dim) return;
-    int order[MD_MAXK]; /* slots by ascending expert id */
+    const int d0 = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
+    const bool on = d0 < dim; /* no early return: the block meets at a barrier below */
+    const int d = on ? d0 : dim - 1;
+    int order[MD_MAXK], id[MD_MAXK]; /* slots by ascending expert id */
     const uint16_t *row[MD_MAXK];
 #pragma unroll
     for (int s = 0; s < MD_MAXK; s++) {
         order[s] = s;
+        id[s] = s < k ? idx[s] : 0;
         row[s] = w;
     }
-    for (int a = 1; a < k; a++) /* insertion sort of k <= 8 ids */
-        for (int b = a; b > 0 && idx[order[b]] < idx[order[b - 1]]; b--) {
-            const int t = order[b];
-            order[b] = order[b - 1], order[b - 1] = t;
-        }
+#pragma unroll
+    for (int a = 1; a < MD_MAXK; a++) /* insertion sort of the k <= 8 ids, in registers */
+#pragma unroll
+        for (int b = a; b > 0; b--)
+            if (b < k && id[b] < id[b - 1]) {
+                const int t = order[b], v = id[b];
+                order[b] = order[b - 1], order[b - 1] = t;
+                id[b] = id[b - 1], id[b - 1] = v;
+            }
 #pragma unroll
     for (int s = 0; s < MD_MAXK; s++)
-        if (s < k) row[s] = w + ((int64_t)idx[order[s]] * dim + d) * inter;
+        if (s < k) row[s] = w + ((int64_t)id[s] * dim + d) * inter;
     float dot[MD_MAXK];
 #pragma unroll
     for (int s = 0; s < MD_MAXK; s++) dot[s] = 0.0f;
@@ -148,24 +204,32 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
         for (int s = 0; s < MD_MAXK; s++)
             if (s < k && c < inter) r[s] = __ldcs((const uint4 *)(row[s] + c));
     };
+    const float *As = A;
+    int c = lane * 8;
+    issue(c, raw[0]);
+    issue(c + 32 * 8, raw[1]);
+    if (SH) { /* A into shared memory (16-byte pieces, all threads) while the weights are in flight */
+        const int n4 = k * inter / 4;
+        for (int i = threadIdx.x; i < n4; i += MD_WARPS * 32) md_smem[i] = __ldcg((const float4 *)A + i);
+        __syncthreads();
+        As = (const float *)md_smem;
+    }
     auto use = [&](int c, const uint4(&r)[MD_MAXK]) {
 #pragma unroll
         for (int s = 0; s < MD_MAXK; s++)
             if (s < k) {
                 float f[8];
                 md_unpack<DT>(r[s], f);
-                dot[s] += md_dot8(f, A + (int64_t)order[s] * inter + c);
+                dot[s] += md_dot8<SH>(f, As + (int64_t)order[s] * inter + c);
             }
     };
-    int c = lane * 8;
-    issue(c, raw[0]);
     while (c < inter) {
-        issue(c + 32 * 8, raw[1]);
         use(c, raw[0]);
         if ((c += 32 * 8) >= inter) break;
         issue(c + 32 * 8, raw[0]);
         use(c, raw[1]);
-        c += 32 * 8;
+        if ((c += 32 * 8) >= inter) break;
+        issue(c + 32 * 8, raw[1]);
     }
     float acc = 0.0f;
 #pragma unroll
@@ -175,7 +239,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         acc += v * wt[order[s]];
     }
-    if (lane == 0) out[d] = accumulate ? out[d] + acc : acc;
+    if (lane == 0 && on) out[d] = accumulate ? out[d] + acc : acc;
 }
 
 template <int DT, bool NORM>
@@ -185,11 +249,20 @@ static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     const size_t smem = NORM ? (size_t)a->dim * sizeof(float) : 0;
     static size_t smem_allowed = 48 << 10; /* per instantiation */
     if (NORM && !kn_cuda_allow_smem(k_moe_gate_up<DT, NORM>, smem, MD_MAX_SMEM, &smem_allowed)) return 0;
+    const uint16_t *down = (const uint16_t *)a->down->data;
+    /* KILN_NO_L2_PREFETCH=1: no cache hints (A/B runs) */
+    static int no_pf = -1;
+    if (no_pf < 0) no_pf = getenv("KILN_NO_L2_PREFETCH") != NULL;
     kn_cuda_launch(be, k_moe_gate_up<DT, NORM>, g1, dim3(MD_WARPS * 32), smem, a->x, (const uint16_t *)a->gate_up->data,
-                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w, a->eps);
-    kn_cuda_launch(be, k_moe_down<DT>, g2, dim3(MD_WARPS * 32), 0, (const float *)A,
-                   (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx,
-                   (const float *)a->w, a->k, a->out, a->accumulate);
+                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w, a->eps, down, no_pf ? 0 : a->k);
+    /* A in shared memory where it fits (k x inter floats: 24 KB for Qwen3-30B-A3B) */
+    const size_t smem_a = (size_t)a->k * (size_t)a->inter * sizeof(float);
+    static size_t down_allowed = 48 << 10;
+    const int sh = kn_cuda_allow_smem(k_moe_down<DT, true>, smem_a, MD_MAX_SMEM, &down_allowed);
+    kn_cuda_launch(be, sh ? k_moe_down<DT, true> : k_moe_down<DT, false>, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0,
+                   (const float *)A, down, a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w, a->k,
+                   a->out, a->accumulate, no_pf ? (const uint8_t *)NULL : (const uint8_t *)a->next,
+                   (int64_t)a->next_bytes);
     return 1;
 }
 

@@ -72,39 +72,44 @@ __device__ __forceinline__ float md_act(float g, int act) {
  * NORM: x' = rms_norm(x) * norm_w, formed by every block in shared memory
  * (dim floats) while its first weight loads are in flight, with the
  * arithmetic of the fused-norm GEMV (cuda_gemv.cu); otherwise x' = x. */
-/* The first MD_PF_BLOCKS blocks of the gate/up grid split the k selected
- * down matrices (dim x inter each, contiguous) into equal byte ranges and
- * each asks the L2 for its range. */
+/* L2 prefetches (kn_l2_prefetch) spread over a grid: the first MD_PF_BLOCKS
+ * blocks split a byte range into equal 16-byte-aligned shares, each issued
+ * in pieces of at most MD_PF_MAX bytes. */
 #define MD_PF_BLOCKS 256
-#define MD_PF_MAX (64 << 10) /* bytes per prefetch instruction */
-__device__ __forceinline__ void md_prefetch_down(const uint16_t *__restrict__ down, int dim, int inter,
-                                                 const int32_t *__restrict__ idx, int k) {
+#define MD_PF_MAX (64 << 10)
+__device__ __forceinline__ void md_pf_share(int64_t bytes, int64_t &lo, int64_t &hi) {
     const int nb = gridDim.x * gridDim.y, pb = nb < MD_PF_BLOCKS ? nb : MD_PF_BLOCKS;
     const int b = blockIdx.y * gridDim.x + blockIdx.x;
-    if (b >= pb) return;
-    const int64_t seg = (int64_t)dim * inter * 2, total = seg * k; /* bytes; seg is a multiple of 128 */
-    const int64_t chunk = ((total + pb - 1) / pb + 15) & ~(int64_t)15;
-    int64_t lo = b * chunk, hi = lo + chunk < total ? lo + chunk : total;
-    while (lo < hi) { /* the pieces of the range inside each slot's matrix */
+    const int64_t chunk = ((bytes + pb - 1) / pb + 15) & ~(int64_t)15;
+    lo = b < pb ? b * chunk : bytes;
+    hi = lo + chunk < bytes ? lo + chunk : bytes;
+}
+__device__ __forceinline__ void md_pf(const uint8_t *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += MD_PF_MAX) kn_l2_prefetch(p + o, (uint32_t)(bytes - o < MD_PF_MAX ? bytes - o : MD_PF_MAX));
+}
+
+/* the k selected experts' down matrices (dim x inter each, contiguous, a
+ * multiple of 128 bytes), as one range split over the gate/up grid */
+__device__ __forceinline__ void md_prefetch_down(const uint16_t *__restrict__ down, int dim, int inter,
+                                                 const int32_t *__restrict__ idx, int k) {
+    const int64_t seg = (int64_t)dim * inter * 2;
+    int64_t lo, hi;
+    md_pf_share(seg * k, lo, hi);
+    while (lo < hi) { /* the part of the share inside each slot's matrix */
         const int s = (int)(lo / seg);
-        int64_t end = (s + 1) * seg < hi ? (s + 1) * seg : hi;
-        if (end - lo > MD_PF_MAX) end = lo + MD_PF_MAX;
-        kn_l2_prefetch((const uint8_t *)down + idx[s] * seg + (lo - s * seg), (uint32_t)(end - lo));
+        const int64_t end = (s + 1) * seg < hi ? (s + 1) * seg : hi;
+        md_pf((const uint8_t *)down + idx[s] * seg + (lo - s * seg), end - lo);
         lo = end;
     }
 }
 
-/* The first MD_PF_BLOCKS blocks of a grid split the bytes [p, p + bytes)
- * (the next op's weights, kn_moe_args.next) and each asks the L2 for its part. */
+/* the next op's weights (kn_moe_args.next): the whole 16-byte units of [p, p + bytes) */
 __device__ __forceinline__ void md_prefetch_next(const uint8_t *__restrict__ p, int64_t bytes) {
-    const int nb = gridDim.x * gridDim.y, pb = nb < MD_PF_BLOCKS ? nb : MD_PF_BLOCKS;
-    const int b = blockIdx.y * gridDim.x + blockIdx.x;
-    if (!p || b >= pb) return;
-    const int64_t head = (16 - ((uintptr_t)p & 15)) & 15; /* whole 16-byte units only */
-    p += head, bytes = (bytes - head) & ~(int64_t)15;
-    const int64_t chunk = ((bytes + pb - 1) / pb + 15) & ~(int64_t)15;
-    for (int64_t lo = b * chunk, hi = lo + chunk < bytes ? lo + chunk : bytes; lo < hi; lo += MD_PF_MAX)
-        kn_l2_prefetch(p + lo, (uint32_t)(hi - lo < MD_PF_MAX ? hi - lo : MD_PF_MAX));
+    const int64_t head = (16 - ((uintptr_t)p & 15)) & 15;
+    if (!p || bytes <= head) return;
+    int64_t lo, hi;
+    md_pf_share((bytes - head) & ~(int64_t)15, lo, hi);
+    md_pf(p + head + lo, hi - lo);
 }
 
 template <int DT, bool NORM>

@@ -1152,9 +1152,7 @@ static void test_moe_ffn_f(kn_dtype dt, int n, int E, int k, int dim, int inter,
     int32_t *didx = dev(idx, (size_t)n * k * 4);
     kn_moe_args a = {.x = dx, .out = dout, .n_tokens = n, .dim = dim, .inter = inter, .n_experts = E, .k = k,
                      .act = act, .idx = didx, .w = dw, .gate_up = &gu, .down = &dn, .scratch = dscr,
-                     .norm_w = fuse & MOE_NORM ? dnw : NULL, .eps = eps, .accumulate = !!(fuse & MOE_ACC),
-                     /* the cache hint (an unaligned range of the expert weights): must not change a result */
-                     .next = (const uint8_t *)gu.data + 4, .next_bytes = (size_t)kn_weight_data_bytes(&gu) - 20};
+                     .norm_w = fuse & MOE_NORM ? dnw : NULL, .eps = eps, .accumulate = !!(fuse & MOE_ACC)};
     be->vt->moe_ffn(be, &a);
     back(out, dout, (size_t)n * dim * 4); /* frees dout */
     if (dout != dx) kn_be_free(be, dx);

@@ -170,11 +170,6 @@ typedef struct {
     const float *norm_w;      /* optional [dim]: experts see rms_norm(x) * norm_w */
     float eps;                /* of that RMSNorm */
     int accumulate;           /* out += result (out may alias x) */
-    /* a hint, may be NULL: bytes the op after this one reads (the next
-     * layer's attention weights); a backend whose kernels leave the memory
-     * bus idle may have its cache fetch them meanwhile */
-    const void *next;
-    size_t next_bytes;
 } kn_moe_args;
 
 /* the last n_tokens * dim floats hold the normalized x where an
@@ -393,11 +388,6 @@ static inline int64_t kn_weight_bytes(const kn_weight *w) {
     if (w->bits)
         return w->rows * (w->cols * w->bits / 8 + 2 * (w->cols / w->group_size) * (int64_t)kn_dtype_size(w->sb_dtype));
     return w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype);
-}
-/* bytes at w->data alone (quantized: the codes, without scales/biases) */
-static inline int64_t kn_weight_data_bytes(const kn_weight *w) {
-    if (!w->data) return 0;
-    return w->bits ? w->rows * w->cols * w->bits / 8 : w->rows * w->cols * (int64_t)kn_dtype_size(w->dtype);
 }
 /* Rows [row0, row0 + rows) of w as a borrowed weight (codes and their
  * scales/biases for quantized weights; both stored row-major). */

@@ -218,13 +218,6 @@ void kn_moe_forward(kn_model *m, const kn_layer *L, const float *x, const float 
         .gate_up = &L->experts_gate_up, .down = &L->experts_down, .scratch = m->moe_scratch,
         .norm_w = norm_w, .eps = eps, .accumulate = accumulate,
     };
-    /* the next layer's q|k|v projection follows directly (no shared expert,
-     * not the last layer): the hint lets the backend fetch it meanwhile */
-    const int l = (int)(L - m->layers);
-    if (!L->shared_gate.data && l + 1 < c->n_layers && m->layers[l + 1].qkv.data) {
-        a.next = m->layers[l + 1].qkv.data;
-        a.next_bytes = (size_t)kn_weight_data_bytes(&m->layers[l + 1].qkv);
-    }
     op->moe_ffn(be, &a);
     if (!L->shared_gate.data) return;
     const int S = c->shared_expert_intermediate_size; /* x is normalized here */

@@ -14,12 +14,6 @@
  *     The block stages the k activation rows in shared memory while its
  *     first weight loads are in flight.
  *
- * The down kernel cannot start streaming before the gate/up kernel's blocks
- * leave the SMs, and the experts are known only after routing; so the
- * gate/up kernel's first blocks ask the L2 to fetch the selected experts'
- * down matrices (kn_l2_prefetch) while the gate/up weights stream, and the
- * down kernel then reads them from the L2.
- *
  * MLX-quantized experts (any number of tokens; correct-first): the same
  * two-kernel shape over (token, slot) with each row dequantized word by word
  * in float32 (scale * q + bias, as base/quant.h defines), so results match
@@ -31,7 +25,6 @@
  *
  * Other cases decline (the generic path of cuda_ops_models.cu runs). */
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -72,51 +65,11 @@ __device__ __forceinline__ float md_act(float g, int act) {
  * NORM: x' = rms_norm(x) * norm_w, formed by every block in shared memory
  * (dim floats) while its first weight loads are in flight, with the
  * arithmetic of the fused-norm GEMV (cuda_gemv.cu); otherwise x' = x. */
-/* L2 prefetches (kn_l2_prefetch) spread over a grid: the first MD_PF_BLOCKS
- * blocks split a byte range into equal 16-byte-aligned shares, each issued
- * in pieces of at most MD_PF_MAX bytes. */
-#define MD_PF_BLOCKS 256
-#define MD_PF_MAX (64 << 10)
-__device__ __forceinline__ void md_pf_share(int64_t bytes, int64_t &lo, int64_t &hi) {
-    const int nb = gridDim.x * gridDim.y, pb = nb < MD_PF_BLOCKS ? nb : MD_PF_BLOCKS;
-    const int b = blockIdx.y * gridDim.x + blockIdx.x;
-    const int64_t chunk = ((bytes + pb - 1) / pb + 15) & ~(int64_t)15;
-    lo = b < pb ? b * chunk : bytes;
-    hi = lo + chunk < bytes ? lo + chunk : bytes;
-}
-__device__ __forceinline__ void md_pf(const uint8_t *p, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += MD_PF_MAX) kn_l2_prefetch(p + o, (uint32_t)(bytes - o < MD_PF_MAX ? bytes - o : MD_PF_MAX));
-}
-
-/* the k selected experts' down matrices (dim x inter each, contiguous, a
- * multiple of 128 bytes), as one range split over the gate/up grid */
-__device__ __forceinline__ void md_prefetch_down(const uint16_t *__restrict__ down, int dim, int inter,
-                                                 const int32_t *__restrict__ idx, int k) {
-    const int64_t seg = (int64_t)dim * inter * 2;
-    int64_t lo, hi;
-    md_pf_share(seg * k, lo, hi);
-    while (lo < hi) { /* the part of the share inside each slot's matrix */
-        const int s = (int)(lo / seg);
-        const int64_t end = (s + 1) * seg < hi ? (s + 1) * seg : hi;
-        md_pf((const uint8_t *)down + idx[s] * seg + (lo - s * seg), end - lo);
-        lo = end;
-    }
-}
-
-/* the next op's weights (kn_moe_args.next): the whole 16-byte units of [p, p + bytes) */
-__device__ __forceinline__ void md_prefetch_next(const uint8_t *__restrict__ p, int64_t bytes) {
-    const int64_t head = (16 - ((uintptr_t)p & 15)) & 15;
-    if (!p || bytes <= head) return;
-    int64_t lo, hi;
-    md_pf_share((bytes - head) & ~(int64_t)15, lo, hi);
-    md_pf(p + head + lo, hi - lo);
-}
-
 template <int DT, bool NORM>
 __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_gate_up(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, int inter,
                   const int32_t *__restrict__ idx, int act, float *__restrict__ A, const float *__restrict__ norm_w,
-                  float eps, const uint16_t *__restrict__ down, int k) {
+                  float eps) {
     extern __shared__ float4 md_smem[];
     __shared__ float red[MD_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = blockIdx.y;
@@ -158,7 +111,6 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
         au += __shfl_xor_sync(0xffffffffu, au, o);
     }
     if (lane == 0) A[(int64_t)j * inter + r] = md_act(ag, act) * au;
-    if (threadIdx.x == 0) md_prefetch_down(down, dim, inter, idx, k); /* after this block's own loads */
 }
 
 /* out[d] (+)= sum over slots in ascending expert id of wt[j] * (down_e[d] . A[j]).
@@ -169,11 +121,10 @@ template <int DT, bool SH>
 __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 128 registers */
     k_moe_down(const float *__restrict__ A, const uint16_t *__restrict__ w, int dim, int inter,
                const int32_t *__restrict__ idx, const float *__restrict__ wt, int k, float *__restrict__ out,
-               int accumulate, const uint8_t *__restrict__ next, int64_t next_bytes) {
+               int accumulate) {
     extern __shared__ float4 md_smem[];
     const int lane = threadIdx.x & 31;
     kn_pdl_trigger();
-    if (threadIdx.x == 0) md_prefetch_next(next, next_bytes); /* immutable weights: before the wait */
     kn_pdl_wait(); /* A, idx and wt come from the kernels before */
     const int d0 = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     const bool on = d0 < dim; /* no early return: the block meets at a barrier below */
@@ -254,20 +205,15 @@ static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     const size_t smem = NORM ? (size_t)a->dim * sizeof(float) : 0;
     static size_t smem_allowed = 48 << 10; /* per instantiation */
     if (NORM && !kn_cuda_allow_smem(k_moe_gate_up<DT, NORM>, smem, MD_MAX_SMEM, &smem_allowed)) return 0;
-    const uint16_t *down = (const uint16_t *)a->down->data;
-    /* KILN_NO_L2_PREFETCH=1: no cache hints (A/B runs) */
-    static int no_pf = -1;
-    if (no_pf < 0) no_pf = getenv("KILN_NO_L2_PREFETCH") != NULL;
     kn_cuda_launch(be, k_moe_gate_up<DT, NORM>, g1, dim3(MD_WARPS * 32), smem, a->x, (const uint16_t *)a->gate_up->data,
-                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w, a->eps, down, no_pf ? 0 : a->k);
+                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w, a->eps);
     /* A in shared memory where it fits (k x inter floats: 24 KB for Qwen3-30B-A3B) */
     const size_t smem_a = (size_t)a->k * (size_t)a->inter * sizeof(float);
     static size_t down_allowed = 48 << 10;
     const int sh = kn_cuda_allow_smem(k_moe_down<DT, true>, smem_a, MD_MAX_SMEM, &down_allowed);
     kn_cuda_launch(be, sh ? k_moe_down<DT, true> : k_moe_down<DT, false>, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0,
-                   (const float *)A, down, a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w, a->k,
-                   a->out, a->accumulate, no_pf ? (const uint8_t *)NULL : (const uint8_t *)a->next,
-                   (int64_t)a->next_bytes);
+                   (const float *)A, (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx,
+                   (const float *)a->w, a->k, a->out, a->accumulate);
     return 1;
 }
 

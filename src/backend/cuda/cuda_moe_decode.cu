@@ -11,8 +11,9 @@
  *     expert's down matrix at once (one load per expert in flight per lane),
  *     and sums w_j * (down_j . a_j) over the slots in ascending expert id,
  *     as kn_moe_args specifies, writing out[d]: the combine step is fused.
- *     The block stages the k activation rows in shared memory while its
- *     first weight loads are in flight.
+ *     Its blocks issue their first weight loads before the programmatic
+ *     wait (so while the gate/up kernel's last blocks finish), then stage
+ *     the k activation rows in shared memory while those loads are in flight.
  *
  * MLX-quantized experts (any number of tokens; correct-first): the same
  * two-kernel shape over (token, slot) with each row dequantized word by word
@@ -25,6 +26,7 @@
  *
  * Other cases decline (the generic path of cuda_ops_models.cu runs). */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -73,8 +75,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     extern __shared__ float4 md_smem[];
     __shared__ float red[MD_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = blockIdx.y;
-    kn_pdl_trigger();
     kn_pdl_wait(); /* x and idx come from the kernels before */
+    kn_pdl_trigger(); /* only now: k_moe_down reads idx before its own wait */
     const int r = blockIdx.x * MD_WARPS + warp; /* < inter: the launch has inter % MD_WARPS == 0 */
     const int64_t e = idx[j];
     const uint16_t *g = w + (e * 2 * inter + r) * (int64_t)dim, *u = g + (int64_t)inter * dim;
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
  * SH: the block copies A (k x inter floats) into shared memory after its
  * warps have issued their first weight loads; otherwise A is read from
  * global memory as it is used. */
-template <int DT, bool SH>
+template <int DT, bool SH, bool EARLY>
 __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 128 registers */
     k_moe_down(const float *__restrict__ A, const uint16_t *__restrict__ w, int dim, int inter,
                const int32_t *__restrict__ idx, const float *__restrict__ wt, int k, float *__restrict__ out,
@@ -125,7 +127,11 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
     extern __shared__ float4 md_smem[];
     const int lane = threadIdx.x & 31;
     kn_pdl_trigger();
-    kn_pdl_wait(); /* A, idx and wt come from the kernels before */
+    if (!EARLY) kn_pdl_wait(); /* KILN_MOE_DOWN_LATE=1 (A/B runs): nothing before the wait */
+    /* Before the wait: the ids and this warp's first weight loads. idx was
+     * written before the gate/up kernel passed its wait, and that kernel lets
+     * this one start only after that (it triggers after its wait), so the
+     * ids are final here (read past L1); A and wt are read after the wait. */
     const int d0 = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     const bool on = d0 < dim; /* no early return: the block meets at a barrier below */
     const int d = on ? d0 : dim - 1;
@@ -134,7 +140,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
 #pragma unroll
     for (int s = 0; s < MD_MAXK; s++) {
         order[s] = s;
-        id[s] = s < k ? idx[s] : 0;
+        id[s] = s < k ? __ldcg(idx + s) : 0;
         row[s] = w;
     }
 #pragma unroll
@@ -164,6 +170,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
     int c = lane * 8;
     issue(c, raw[0]);
     issue(c + 32 * 8, raw[1]);
+    if (EARLY) kn_pdl_wait(); /* A and wt come from the kernels before; out may be read by them */
     if (SH) { /* A into shared memory (16-byte pieces, all threads) while the weights are in flight */
         const int n4 = k * inter / 4;
         for (int i = threadIdx.x; i < n4; i += MD_WARPS * 32) md_smem[i] = __ldcg((const float4 *)A + i);
@@ -210,8 +217,13 @@ static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     /* A in shared memory where it fits (k x inter floats: 24 KB for Qwen3-30B-A3B) */
     const size_t smem_a = (size_t)a->k * (size_t)a->inter * sizeof(float);
     static size_t down_allowed = 48 << 10;
-    const int sh = kn_cuda_allow_smem(k_moe_down<DT, true>, smem_a, MD_MAX_SMEM, &down_allowed);
-    kn_cuda_launch(be, sh ? k_moe_down<DT, true> : k_moe_down<DT, false>, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0,
+    static int late = -1;
+    if (late < 0) late = getenv("KILN_MOE_DOWN_LATE") != NULL;
+    void (*down)(const float *, const uint16_t *, int, int, const int32_t *, const float *, int, float *, int) =
+        late ? k_moe_down<DT, true, false> : k_moe_down<DT, true, true>;
+    const int sh = kn_cuda_allow_smem(down, smem_a, MD_MAX_SMEM, &down_allowed);
+    if (!sh) down = late ? k_moe_down<DT, false, false> : k_moe_down<DT, false, true>;
+    kn_cuda_launch(be, down, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0,
                    (const float *)A, (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx,
                    (const float *)a->w, a->k, a->out, a->accumulate);
     return 1;

@@ -11,9 +11,10 @@
  *     expert's down matrix at once (one load per expert in flight per lane),
  *     and sums w_j * (down_j . a_j) over the slots in ascending expert id,
  *     as kn_moe_args specifies, writing out[d]: the combine step is fused.
- *     Its blocks issue their first weight loads before the programmatic
- *     wait (so while the gate/up kernel's last blocks finish), then stage
- *     the k activation rows in shared memory while those loads are in flight.
+ *     The block stages the k activation rows in shared memory while its
+ *     first weight loads are in flight; with KILN_MOE_DOWN_EARLY=1 those
+ *     loads go out before the programmatic wait (while the gate/up kernel's
+ *     last blocks finish; not yet measured, so not the default).
  *
  * MLX-quantized experts (any number of tokens; correct-first): the same
  * two-kernel shape over (token, slot) with each row dequantized word by word
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
     extern __shared__ float4 md_smem[];
     const int lane = threadIdx.x & 31;
     kn_pdl_trigger();
-    if (!EARLY) kn_pdl_wait(); /* KILN_MOE_DOWN_LATE=1 (A/B runs): nothing before the wait */
+    if (!EARLY) kn_pdl_wait(); /* the default until EARLY is measured: nothing before the wait */
     /* Before the wait: the ids and this warp's first weight loads. idx was
      * written before the gate/up kernel passed its wait, and that kernel lets
      * this one start only after that (it triggers after its wait), so the
@@ -217,8 +218,10 @@ static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     /* A in shared memory where it fits (k x inter floats: 24 KB for Qwen3-30B-A3B) */
     const size_t smem_a = (size_t)a->k * (size_t)a->inter * sizeof(float);
     static size_t down_allowed = 48 << 10;
+    /* KILN_MOE_DOWN_EARLY=1: ids and first weight loads before the wait
+     * (written 2026-12-05, not yet run on a GPU; the default waits first) */
     static int late = -1;
-    if (late < 0) late = getenv("KILN_MOE_DOWN_LATE") != NULL;
+    if (late < 0) late = getenv("KILN_MOE_DOWN_EARLY") == NULL;
     void (*down)(const float *, const uint16_t *, int, int, const int32_t *, const float *, int, float *, int) =
         late ? k_moe_down<DT, true, false> : k_moe_down<DT, true, true>;
     const int sh = kn_cuda_allow_smem(down, smem_a, MD_MAX_SMEM, &down_allowed);

@@ -7,7 +7,7 @@
 #   mkdir -p .deps && cd .deps && apt-get download libjansson-dev libjansson4 libpcre2-dev libpcre2-8-0 \
 #     libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libmicrohttpd-dev libmicrohttpd12 \
 #     libsndfile1-dev libsndfile1 libflac12 libogg0 libvorbis0a libvorbisenc2 libopus0 libmpg123-0 libmp3lame0 \
-#     libsoxr-dev libsoxr0 libkissfft-dev libkissfft-float131 zlib1g-dev libgomp1
+#     libsoxr-dev libsoxr0 libkissfft-dev libkissfft-float131 zlib1g-dev libgomp1 libsentencepiece0
 # The -dev packages' private requirements (flac, ogg, gnutls, ...) are libraries the
 # link never names directly; empty .pc stubs satisfy pkg-config's check for them.
 set -eu

@@ -1089,8 +1089,9 @@ static double act_ref(double g, int act) {
 /* bits > 0: MLX-quantized expert stacks (scales/biases in dt; a stack whose
  * columns do not split into groups of gs stays float, as switch_mlp keeps it).
  * fuse: MOE_NORM the op applies the RMSNorm, MOE_ACC it adds into out
- * (MOE_ALIAS: out is x, the residual stream) */
-enum { MOE_NORM = 1, MOE_ACC = 2, MOE_ALIAS = 4 };
+ * (MOE_ALIAS: out is x, the residual stream), MOE_ROUTE it routes router
+ * logits itself (normalized top-k, expert scales) and writes idx / w */
+enum { MOE_NORM = 1, MOE_ACC = 2, MOE_ALIAS = 4, MOE_ROUTE = 8 };
 static void test_moe_ffn_f(kn_dtype dt, int n, int E, int k, int dim, int inter, int act, int bits, int gs, int fuse) {
     size_t esz = kn_dtype_size(dt);
     int64_t ngu = (int64_t)E * 2 * inter * dim, ndn = (int64_t)E * dim * inter;
@@ -1136,8 +1137,17 @@ static void test_moe_ffn_f(kn_dtype dt, int n, int E, int k, int dim, int inter,
         const double inv = 1.0 / sqrt(ss / dim + eps);
         for (int c = 0; c < dim; c++) xr[t * dim + c] = fuse & MOE_NORM ? x[t * dim + c] * inv * nw[c] : x[t * dim + c];
     }
-    for (int t = 0; t < n; t++) /* k distinct experts per token, scattered */
+    float *logits = malloc((size_t)n * E * 4), *es = malloc((size_t)E * 4);
+    double *rw = malloc((size_t)k * sizeof(double));
+    fill(logits, (int64_t)n * E, 4.0f);
+    for (int e = 0; e < E; e++) es[e] = 0.5f + fabsf(kn_test_rand(&seed));
+    for (int t = 0; t < n; t++) /* k distinct experts per token: scattered, or routed from the logits */
         for (int j = 0; j < k; j++) {
+            if (fuse & MOE_ROUTE) {
+                if (j == 0) ref_route(logits + (size_t)t * E, E, k, 1, idx + (size_t)t * k, rw);
+                w[t * k + j] = (float)(rw[j] * es[idx[t * k + j]]);
+                continue;
+            }
             idx[t * k + j] = (t * 5 + j * 3 + (j * j)) % E;
             for (int i = 0; i < j; i++)
                 if (idx[t * k + i] == idx[t * k + j]) { idx[t * k + j] = (idx[t * k + j] + 1) % E; i = -1; }
@@ -1150,13 +1160,37 @@ static void test_moe_ffn_f(kn_dtype dt, int n, int E, int k, int dim, int inter,
     float *dout = fuse & MOE_ALIAS ? dx : dev(out0, (size_t)n * dim * 4);
     float *dscr = dev(NULL, kn_moe_scratch_floats(n, dim, inter, k) * 4);
     int32_t *didx = dev(idx, (size_t)n * k * 4);
+    float *dl = dev(logits, (size_t)n * E * 4), *des = dev(es, (size_t)E * 4);
     kn_moe_args a = {.x = dx, .out = dout, .n_tokens = n, .dim = dim, .inter = inter, .n_experts = E, .k = k,
                      .act = act, .idx = didx, .w = dw, .gate_up = &gu, .down = &dn, .scratch = dscr,
                      .norm_w = fuse & MOE_NORM ? dnw : NULL, .eps = eps, .accumulate = !!(fuse & MOE_ACC)};
+    if (fuse & MOE_ROUTE) { /* idx / w become outputs: poisoned first */
+        int32_t *bad = malloc((size_t)n * k * 4);
+        float *badw = malloc((size_t)n * k * 4);
+        for (int i = 0; i < n * k; i++) bad[i] = -1, badw[i] = NAN;
+        kn_be_upload(be, didx, bad, (size_t)n * k * 4), kn_be_upload(be, dw, badw, (size_t)n * k * 4);
+        free(bad), free(badw);
+        a.logits = dl, a.norm_topk = 1, a.expert_scale = des;
+    }
     be->vt->moe_ffn(be, &a);
+    if (fuse & MOE_ROUTE) { /* the routing the op wrote */
+        int32_t *gi = malloc((size_t)n * k * 4);
+        float *gw = malloc((size_t)n * k * 4);
+        back(gi, didx, (size_t)n * k * 4), back(gw, dw, (size_t)n * k * 4); /* frees both */
+        didx = NULL, dw = NULL;
+        for (int i = 0; i < n * k; i++)
+            if (gi[i] != idx[i] || !close_to(gw[i], w[i], w[i], 1e-5)) {
+                CHECK(0, "moe_ffn routing n=%d E=%d k=%d [%d]: got %d/%g want %d/%g", n, E, k, i, gi[i], gw[i], idx[i], w[i]);
+                break;
+            }
+        free(gi), free(gw);
+    }
     back(out, dout, (size_t)n * dim * 4); /* frees dout */
     if (dout != dx) kn_be_free(be, dx);
-    kn_be_free(be, dw), kn_be_free(be, dnw), kn_be_free(be, dscr), kn_be_free(be, didx);
+    if (dw) kn_be_free(be, dw);
+    if (didx) kn_be_free(be, didx);
+    kn_be_free(be, dnw), kn_be_free(be, dscr), kn_be_free(be, dl), kn_be_free(be, des);
+    free(logits), free(es), free(rw);
     /* per token: each slot's activations h and their magnitudes hm (the
      * sums' magnitudes, so cancellation inside them is allowed for) */
     double *h = malloc((size_t)k * inter * sizeof(double)), *hm = malloc((size_t)k * inter * sizeof(double));
@@ -1388,6 +1422,12 @@ int main(void) {
         test_moe_ffn_f(KN_DT_F32, 1, 8, 2, 64, 48, KN_ACT_SILU, 0, 0, f);
         if (be->moe_quantized_experts) test_moe_ffn_f(KN_DT_BF16, 2, 8, 2, 128, 64, KN_ACT_SILU, 4, 64, f);
     }
+    /* routing inside the op from router logits (CUDA decode: fused into the
+     * gate/up kernel with KILN_MOE_FUSED_ROUTE=1, else the routing kernel first) */
+    test_moe_ffn_f(KN_DT_BF16, 1, 32, 8, 256, 64, KN_ACT_SILU, 0, 0, MOE_ROUTE | MOE_NORM | MOE_ACC);
+    test_moe_ffn_f(KN_DT_F16, 1, 300, 4, 64, 32, KN_ACT_SILU, 0, 0, MOE_ROUTE); /* more experts than fused routing holds */
+    test_moe_ffn_f(KN_DT_BF16, 5, 16, 2, 64, 48, KN_ACT_SILU, 0, 0, MOE_ROUTE | MOE_NORM); /* several tokens */
+    if (be->moe_quantized_experts) test_moe_ffn_f(KN_DT_BF16, 1, 8, 2, 128, 64, KN_ACT_SILU, 4, 64, MOE_ROUTE);
     if (be->moe_quantized_experts) { /* MLX-quantized stacks: decode, prefill, a float down stack beside them */
         test_moe_ffn_q(KN_DT_BF16, 1, 8, 2, 128, 64, KN_ACT_SILU, 4, 64);
         test_moe_ffn_q(KN_DT_F16, 7, 6, 3, 96, 64, KN_ACT_SILU, 8, 32);

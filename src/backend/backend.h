@@ -162,8 +162,14 @@ typedef struct {
     const float *x; /* [n_tokens, dim] */
     float *out;     /* [n_tokens, dim], overwritten */
     int n_tokens, dim, inter, n_experts, k, act; /* n_experts <= KN_MOE_MAX_EXPERTS */
-    const int32_t *idx; /* [n_tokens, k] expert ids in [0, n_experts) */
-    const float *w;     /* [n_tokens, k] routing weights */
+    int32_t *idx; /* [n_tokens, k] expert ids in [0, n_experts): read, or written when logits is set */
+    float *w;     /* [n_tokens, k] routing weights: likewise */
+    /* optional [n_tokens, n_experts] router logits: the op routes first, as
+     * moe_route does with norm_topk and expert_scale, into idx and w (a
+     * backend may fuse the routing into its expert kernels) */
+    const float *logits;
+    int norm_topk;
+    const float *expert_scale;
     const kn_weight *gate_up; /* [n_experts * 2 * inter, dim] */
     const kn_weight *down;    /* [n_experts * dim, inter] */
     float *scratch;           /* backend memory, kn_moe_scratch_floats(n_tokens, dim, inter, k) floats */

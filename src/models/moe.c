@@ -210,11 +210,11 @@ void kn_moe_forward(kn_model *m, const kn_layer *L, const float *x, const float 
         }
         op->matmul(be, x, n, &L->router, NULL, m->router_logits);
     }
-    op->moe_route(be, m->router_logits, n, c->n_experts, k, c->norm_topk_prob, L->expert_scale, m->route_idx,
-                  m->route_w);
+    /* routing inside the op (the backend may fuse it into its expert kernels) */
     kn_moe_args a = {
         .x = x, .out = out, .n_tokens = n, .dim = H, .inter = c->moe_intermediate_size,
         .n_experts = c->n_experts, .k = k, .act = c->act, .idx = m->route_idx, .w = m->route_w,
+        .logits = m->router_logits, .norm_topk = c->norm_topk_prob, .expert_scale = L->expert_scale,
         .gate_up = &L->experts_gate_up, .down = &L->experts_down, .scratch = m->moe_scratch,
         .norm_w = norm_w, .eps = eps, .accumulate = accumulate,
     };

@@ -120,6 +120,7 @@ void kn_cpu_moe_ffn(kn_backend *be, const kn_moe_args *a) {
     const kn_cpu_kernels *kr = kn_cpu_kernels_select();
     const int n = a->n_tokens, D = a->dim, I = a->inter, k = a->k, E = a->n_experts, P = n * k;
     const float *x = a->x;
+    if (a->logits) kn_cpu_moe_route(be, a->logits, n, E, k, a->norm_topk, a->expert_scale, a->idx, a->w);
     if (a->norm_w) { /* the layer's RMSNorm, by the backend's own op */
         float *xn = kn_moe_scratch_xn(a);
         be->vt->rms_norm(be, a->x, D, xn, D, n, 1, D, a->norm_w, a->eps);

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_moe_route.cuh"
 
 #define MD_WARPS 8
 #define MD_U 8     /* pieces per row in flight (gate/up) */
@@ -68,18 +69,35 @@ __device__ __forceinline__ float md_act(float g, int act) {
  * NORM: x' = rms_norm(x) * norm_w, formed by every block in shared memory
  * (dim floats) while its first weight loads are in flight, with the
  * arithmetic of the fused-norm GEMV (cuda_gemv.cu); otherwise x' = x. */
-template <int DT, bool NORM>
+/* ROUTE: the routing of the token's router logits (kn_moe_route_row, E <=
+ * 32 MD_ROUTE_RI) done by warp 0 of every block into shared memory; block
+ * (0, 0) also writes idx / wt for the down kernel. */
+#define MD_ROUTE_RI 8
+struct md_route {
+    const float *logits, *escale;
+    int E, norm;
+    float *wt;
+};
+
+template <int DT, bool NORM, bool ROUTE>
 __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_gate_up(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, int inter,
-                  const int32_t *__restrict__ idx, int act, float *__restrict__ A, const float *__restrict__ norm_w,
-                  float eps) {
+                  int32_t *__restrict__ idx, int act, float *__restrict__ A, const float *__restrict__ norm_w,
+                  float eps, md_route rt, int k) {
     extern __shared__ float4 md_smem[];
     __shared__ float red[MD_WARPS];
+    __shared__ int32_t s_idx[MD_MAXK];
+    __shared__ float s_w[MD_MAXK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = blockIdx.y;
-    kn_pdl_wait(); /* x and idx come from the kernels before */
-    kn_pdl_trigger(); /* only now: k_moe_down reads idx before its own wait */
+    kn_pdl_wait(); /* x and idx (or the logits) come from the kernels before */
+    kn_pdl_trigger(); /* only now: k_moe_down may read idx before its own wait */
+    if (ROUTE) {
+        if (warp == 0) kn_moe_route_row<MD_ROUTE_RI>(rt.logits, rt.E, k, rt.norm, rt.escale, s_idx, s_w, lane);
+        __syncthreads();
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < k) idx[threadIdx.x] = s_idx[threadIdx.x], rt.wt[threadIdx.x] = s_w[threadIdx.x];
+    }
     const int r = blockIdx.x * MD_WARPS + warp; /* < inter: the launch has inter % MD_WARPS == 0 */
-    const int64_t e = idx[j];
+    const int64_t e = ROUTE ? s_idx[j] : idx[j];
     const uint16_t *g = w + (e * 2 * inter + r) * (int64_t)dim, *u = g + (int64_t)inter * dim;
     uint4 rg[MD_U], ru[MD_U];
     auto issue = [&](int c0) {
@@ -206,22 +224,24 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
     if (lane == 0 && on) out[d] = accumulate ? out[d] + acc : acc;
 }
 
-template <int DT, bool NORM>
+template <int DT, bool NORM, bool ROUTE>
 static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     const dim3 g1((unsigned)(a->inter / MD_WARPS), (unsigned)a->k);
     const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS));
     const size_t smem = NORM ? (size_t)a->dim * sizeof(float) : 0;
     static size_t smem_allowed = 48 << 10; /* per instantiation */
-    if (NORM && !kn_cuda_allow_smem(k_moe_gate_up<DT, NORM>, smem, MD_MAX_SMEM, &smem_allowed)) return 0;
-    kn_cuda_launch(be, k_moe_gate_up<DT, NORM>, g1, dim3(MD_WARPS * 32), smem, a->x, (const uint16_t *)a->gate_up->data,
-                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w, a->eps);
+    if (NORM && !kn_cuda_allow_smem(k_moe_gate_up<DT, NORM, ROUTE>, smem, MD_MAX_SMEM, &smem_allowed)) return 0;
+    const md_route rt = {a->logits, a->expert_scale, a->n_experts, a->norm_topk, a->w};
+    kn_cuda_launch(be, k_moe_gate_up<DT, NORM, ROUTE>, g1, dim3(MD_WARPS * 32), smem, a->x,
+                   (const uint16_t *)a->gate_up->data, a->dim, a->inter, a->idx, a->act, A, a->norm_w, a->eps, rt, a->k);
     /* A in shared memory where it fits (k x inter floats: 24 KB for Qwen3-30B-A3B) */
     const size_t smem_a = (size_t)a->k * (size_t)a->inter * sizeof(float);
     static size_t down_allowed = 48 << 10;
     /* KILN_MOE_DOWN_EARLY=1: ids and first weight loads before the wait
      * (written 2026-12-05, not yet run on a GPU; the default waits first) */
-    static int late = -1;
-    if (late < 0) late = getenv("KILN_MOE_DOWN_EARLY") == NULL;
+    static int early = -1;
+    if (early < 0) early = getenv("KILN_MOE_DOWN_EARLY") != NULL;
+    const int late = !early || ROUTE; /* with ROUTE the ids are written by the gate/up kernel itself */
     void (*down)(const float *, const uint16_t *, int, int, const int32_t *, const float *, int, float *, int) =
         late ? k_moe_down<DT, true, false> : k_moe_down<DT, true, true>;
     const int sh = kn_cuda_allow_smem(down, smem_a, MD_MAX_SMEM, &down_allowed);
@@ -232,9 +252,13 @@ static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     return 1;
 }
 
-template <int DT>
+template <int DT, bool ROUTE>
 static int moe_decode_norm(kn_backend *be, const kn_moe_args *a, float *A) {
-    return a->norm_w ? moe_decode_dt<DT, true>(be, a, A) : moe_decode_dt<DT, false>(be, a, A);
+    return a->norm_w ? moe_decode_dt<DT, true, ROUTE>(be, a, A) : moe_decode_dt<DT, false, ROUTE>(be, a, A);
+}
+template <int DT>
+static int moe_decode_route(kn_backend *be, const kn_moe_args *a, float *A) {
+    return a->logits ? moe_decode_norm<DT, true>(be, a, A) : moe_decode_norm<DT, false>(be, a, A);
 }
 
 /* an expert stack as the token-by-token kernels read it: MLX-quantized
@@ -331,7 +355,12 @@ static int moe_quant(kn_backend *be, const kn_moe_args *a) {
 
 int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a) {
     const kn_weight *gu = a->gate_up, *dn = a->down;
-    if (gu->bits || dn->bits) return a->norm_w ? 0 : moe_quant(be, a); /* the caller normalizes first */
+    if (gu->bits || dn->bits) return a->norm_w || a->logits ? 0 : moe_quant(be, a); /* the caller normalizes / routes first */
+    /* routing in the gate/up kernel's prologue: KILN_MOE_FUSED_ROUTE=1 (written
+     * 2026-12-05, not yet run on a GPU; the default routes in its own kernel) */
+    static int fused_route = -1;
+    if (fused_route < 0) fused_route = getenv("KILN_MOE_FUSED_ROUTE") != NULL;
+    if (a->logits && (!fused_route || a->n_experts > 32 * MD_ROUTE_RI)) return 0;
     if (a->n_tokens != 1 || a->k < 1 || a->k > MD_MAXK || gu->bits || dn->bits || gu->dtype != dn->dtype ||
         (gu->dtype != KN_DT_BF16 && gu->dtype != KN_DT_F16))
         return 0;
@@ -339,5 +368,5 @@ int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a) {
         ((uintptr_t)a->x & 15) || ((uintptr_t)a->scratch & 15) || ((uintptr_t)a->norm_w & 15))
         return 0;
     float *A = a->scratch; /* [k, inter] */
-    return gu->dtype == KN_DT_BF16 ? moe_decode_norm<KN_DT_BF16>(be, a, A) : moe_decode_norm<KN_DT_F16>(be, a, A);
+    return gu->dtype == KN_DT_BF16 ? moe_decode_route<KN_DT_BF16>(be, a, A) : moe_decode_route<KN_DT_F16>(be, a, A);
 }

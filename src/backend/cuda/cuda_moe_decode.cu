@@ -24,6 +24,9 @@
  * The layer's RMSNorm (kn_moe_args.norm_w) is fused into the bf16/f16
  * gate/up kernel; the quantized kernels decline it (the caller normalizes
  * first). The residual add (accumulate) is fused into both down kernels.
+ * Routing (kn_moe_args.logits) runs in its own kernel first (the caller,
+ * kn_cuda_moe_ffn), or with KILN_MOE_FUSED_ROUTE=1 in the bf16/f16 gate/up
+ * kernel's prologue.
  *
  * Other cases decline (the generic path of cuda_ops_models.cu runs). */
 #include <stdint.h>
@@ -65,20 +68,21 @@ __device__ __forceinline__ float md_act(float g, int act) {
     return g / (1.0f + expf(-g));
 }
 
-/* A[j, r] = act(gate_e . x') * (up_e . x'), e = idx[j]; grid (inter / 8, k).
- * NORM: x' = rms_norm(x) * norm_w, formed by every block in shared memory
- * (dim floats) while its first weight loads are in flight, with the
- * arithmetic of the fused-norm GEMV (cuda_gemv.cu); otherwise x' = x. */
-/* ROUTE: the routing of the token's router logits (kn_moe_route_row, E <=
- * 32 MD_ROUTE_RI) done by warp 0 of every block into shared memory; block
- * (0, 0) also writes idx / wt for the down kernel. */
-#define MD_ROUTE_RI 8
+/* The routing inputs of a gate/up kernel that routes itself (ROUTE) */
+#define MD_ROUTE_RI 8 /* experts per lane: E <= 256 */
 struct md_route {
     const float *logits, *escale;
     int E, norm;
     float *wt;
 };
 
+/* A[j, r] = act(gate_e . x') * (up_e . x'), e = idx[j]; grid (inter / 8, k).
+ * NORM: x' = rms_norm(x) * norm_w, formed by every block in shared memory
+ * (dim floats) while its first weight loads are in flight, with the
+ * arithmetic of the fused-norm GEMV (cuda_gemv.cu); otherwise x' = x.
+ * ROUTE: warp 0 of every block routes the token's router logits
+ * (kn_moe_route_row) into shared memory first; block (0, 0) also writes idx
+ * and wt for the down kernel. */
 template <int DT, bool NORM, bool ROUTE>
 __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_gate_up(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, int inter,
@@ -94,7 +98,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     if (ROUTE) {
         if (warp == 0) kn_moe_route_row<MD_ROUTE_RI>(rt.logits, rt.E, k, rt.norm, rt.escale, s_idx, s_w, lane);
         __syncthreads();
-        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < k) idx[threadIdx.x] = s_idx[threadIdx.x], rt.wt[threadIdx.x] = s_w[threadIdx.x];
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < k)
+            idx[threadIdx.x] = s_idx[threadIdx.x], rt.wt[threadIdx.x] = s_w[threadIdx.x];
     }
     const int r = blockIdx.x * MD_WARPS + warp; /* < inter: the launch has inter % MD_WARPS == 0 */
     const int64_t e = ROUTE ? s_idx[j] : idx[j];

@@ -1411,6 +1411,9 @@ int main(void) {
     /* decode at real widths (CUDA: the fused gate/up and down+combine kernels, several pieces per lane) */
     test_moe_ffn(KN_DT_BF16, 1, 16, 8, 2048, 768, KN_ACT_SILU);
     test_moe_ffn(KN_DT_F16, 1, 12, 5, 520, 264, KN_ACT_GELU_TANH);
+    /* k dividing 8 and inter a multiple of 256 (CUDA, KILN_MOE_DOWN_SLOTS=1: a warp per slot's rows) */
+    test_moe_ffn(KN_DT_F16, 1, 6, 2, 64, 512, KN_ACT_SILU);
+    test_moe_ffn(KN_DT_BF16, 1, 8, 4, 128, 256, KN_ACT_SILU);
     /* k x inter activations too wide for the CUDA down kernel's shared memory (172 KB): read in place */
     test_moe_ffn(KN_DT_BF16, 1, 9, 8, 24, 5384, KN_ACT_SILU);
     /* the layer's RMSNorm and residual add inside the op (decode: fused into the

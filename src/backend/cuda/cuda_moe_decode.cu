@@ -229,6 +229,80 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
     if (lane == 0 && on) out[d] = accumulate ? out[d] + acc : acc;
 }
 
+/* The same sums with KILN_MOE_DOWN_SLOTS=1 (k divides 8, inter a multiple
+ * of 256; written 2026-12-05, not yet run on a GPU): a block computes 8
+ * output rows and warp w streams one slot's rows, s = w / (8 / k), rows
+ * [d0 + (w % (8 / k)) k, + k) of expert idx[s]: one contiguous run of
+ * k * inter * 2 bytes, 8 pieces of 16 bytes per lane in flight, instead of
+ * 8 short rows of 8 experts per warp. Lane l takes pieces l, l + 32, ... of
+ * each row, as k_moe_down does, so every (slot, row) dot product is the same
+ * sum; the products meet in shared memory and are added in ascending expert
+ * id. A comes from shared memory (staged as in k_moe_down). */
+template <int DT>
+__global__ void __launch_bounds__(MD_WARPS * 32, 2)
+    k_moe_down_slots(const float *__restrict__ A, const uint16_t *__restrict__ w, int dim, int inter,
+                     const int32_t *__restrict__ idx, const float *__restrict__ wt, int k, float *__restrict__ out,
+                     int accumulate) {
+    extern __shared__ float4 md_smem[];     /* A [k][inter] */
+    __shared__ float part[MD_MAXK][MD_WARPS]; /* [slot][row of the block] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    kn_pdl_trigger();
+    kn_pdl_wait(); /* A, idx and wt come from the kernels before */
+    const int wps = MD_WARPS / k;              /* warps per slot; each takes k rows */
+    const int s = warp / wps, r0 = (warp % wps) * k, d0 = blockIdx.x * MD_WARPS;
+    const int c = inter / 256, n = k * c; /* pieces per lane: per row, in all */
+    const uint4 *src = (const uint4 *)(w + ((int64_t)__ldcg(idx + s) * dim + d0 + r0) * inter) + lane;
+    uint4 raw[2][8];
+    auto issue = [&](int b, uint4(&r)[8]) {
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (8 * b + u < n) r[u] = __ldcs(src + 32 * (8 * b + u));
+    };
+    issue(0, raw[0]);
+    issue(1, raw[1]);
+    const int n4 = k * inter / 4; /* A into shared memory while the weights are in flight */
+    for (int i = threadIdx.x; i < n4; i += MD_WARPS * 32) md_smem[i] = __ldcg((const float4 *)A + i);
+    __syncthreads();
+    const float *As = (const float *)md_smem + (int64_t)s * inter;
+    float cur = 0.0f;
+    auto use = [&](int b, const uint4(&r)[8]) {
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = 8 * b + u, row = i / c, m = i - row * c;
+            if (i >= n) break;
+            float f[8];
+            md_unpack<DT>(r[u], f);
+            cur += md_dot8<true>(f, As + (32 * m + lane) * 8);
+            if (m == c - 1) { /* the row's last piece: its warp sum */
+                for (int o = 16; o > 0; o >>= 1) cur += __shfl_xor_sync(0xffffffffu, cur, o);
+                if (lane == 0) part[s][r0 + row] = cur;
+                cur = 0.0f;
+            }
+        }
+    };
+    const int nb = (n + 7) / 8;
+    for (int b = 0; b < nb; b += 2) {
+        use(b, raw[0]);
+        if (b + 2 < nb) issue(b + 2, raw[0]);
+        if (b + 1 < nb) use(b + 1, raw[1]);
+        if (b + 3 < nb) issue(b + 3, raw[1]);
+    }
+    __syncthreads();
+    if (lane == 0) { /* warp r: output row d0 + r, slots in ascending expert id */
+        int order[MD_MAXK], id[MD_MAXK];
+        for (int j = 0; j < k; j++) order[j] = j, id[j] = __ldcg(idx + j);
+        for (int a = 1; a < k; a++)
+            for (int b = a; b > 0 && id[b] < id[b - 1]; b--) {
+                const int t = order[b], v = id[b];
+                order[b] = order[b - 1], order[b - 1] = t, id[b] = id[b - 1], id[b - 1] = v;
+            }
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) acc += part[order[j]][warp] * wt[order[j]];
+        const int d = d0 + warp;
+        out[d] = accumulate ? out[d] + acc : acc;
+    }
+}
+
 template <int DT, bool NORM, bool ROUTE>
 static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     const dim3 g1((unsigned)(a->inter / MD_WARPS), (unsigned)a->k);
@@ -249,6 +323,9 @@ static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     const int late = !early || ROUTE; /* with ROUTE the ids are written by the gate/up kernel itself */
     void (*down)(const float *, const uint16_t *, int, int, const int32_t *, const float *, int, float *, int) =
         late ? k_moe_down<DT, true, false> : k_moe_down<DT, true, true>;
+    static int slots = -1;
+    if (slots < 0) slots = getenv("KILN_MOE_DOWN_SLOTS") != NULL;
+    if (slots && MD_WARPS % a->k == 0 && a->inter % 256 == 0 && a->dim % MD_WARPS == 0) down = k_moe_down_slots<DT>;
     const int sh = kn_cuda_allow_smem(down, smem_a, MD_MAX_SMEM, &down_allowed);
     if (!sh) down = late ? k_moe_down<DT, false, false> : k_moe_down<DT, false, true>;
     kn_cuda_launch(be, down, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0,

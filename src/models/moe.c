@@ -245,12 +245,11 @@ void kn_moe_gemma4_forward(kn_model *m, const kn_layer *L, const float *x, int n
     /* route on rms_norm(x) * scale / sqrt(H), experts on pre_feedforward_layernorm_2(x) */
     be->vt->rms_norm(be, x, H, scratch, H, n, 1, H, L->router_norm_w, eps);
     be->vt->matmul(be, scratch, n, &L->router, NULL, m->router_logits);
-    be->vt->moe_route(be, m->router_logits, n, c->n_experts, c->n_experts_per_tok, 1, L->expert_scale, m->route_idx,
-                      m->route_w);
     be->vt->rms_norm(be, x, H, scratch, H, n, 1, H, L->moe_pre_norm, eps);
-    kn_moe_args a = {
+    kn_moe_args a = { /* routed inside the op: normalized top-k, per-expert scales */
         .x = scratch, .out = out, .n_tokens = n, .dim = H, .inter = c->moe_intermediate_size,
         .n_experts = c->n_experts, .k = c->n_experts_per_tok, .act = c->act, .idx = m->route_idx, .w = m->route_w,
+        .logits = m->router_logits, .norm_topk = 1, .expert_scale = L->expert_scale,
         .gate_up = &L->experts_gate_up, .down = &L->experts_down, .scratch = m->moe_scratch,
     };
     be->vt->moe_ffn(be, &a);

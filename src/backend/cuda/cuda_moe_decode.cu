@@ -139,6 +139,23 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     if (lane == 0) A[(int64_t)j * inter + r] = md_act(ag, act) * au;
 }
 
+/* the k <= MD_MAXK slots' expert ids (read past L1) and the slot order by
+ * ascending id, in registers (insertion sort, fully unrolled) */
+__device__ __forceinline__ void md_sort_slots(const int32_t *__restrict__ idx, int k, int (&order)[MD_MAXK],
+                                              int (&id)[MD_MAXK]) {
+#pragma unroll
+    for (int s = 0; s < MD_MAXK; s++) order[s] = s, id[s] = s < k ? __ldcg(idx + s) : 0;
+#pragma unroll
+    for (int a = 1; a < MD_MAXK; a++)
+#pragma unroll
+        for (int b = a; b > 0; b--)
+            if (b < k && id[b] < id[b - 1]) {
+                const int t = order[b], v = id[b];
+                order[b] = order[b - 1], order[b - 1] = t;
+                id[b] = id[b - 1], id[b - 1] = v;
+            }
+}
+
 /* out[d] (+)= sum over slots in ascending expert id of wt[j] * (down_e[d] . A[j]).
  * SH: the block copies A (k x inter floats) into shared memory after its
  * warps have issued their first weight loads; otherwise A is read from
@@ -160,25 +177,10 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
     const bool on = d0 < dim; /* no early return: the block meets at a barrier below */
     const int d = on ? d0 : dim - 1;
     int order[MD_MAXK], id[MD_MAXK]; /* slots by ascending expert id */
+    md_sort_slots(idx, k, order, id);
     const uint16_t *row[MD_MAXK];
 #pragma unroll
-    for (int s = 0; s < MD_MAXK; s++) {
-        order[s] = s;
-        id[s] = s < k ? __ldcg(idx + s) : 0;
-        row[s] = w;
-    }
-#pragma unroll
-    for (int a = 1; a < MD_MAXK; a++) /* insertion sort of the k <= 8 ids, in registers */
-#pragma unroll
-        for (int b = a; b > 0; b--)
-            if (b < k && id[b] < id[b - 1]) {
-                const int t = order[b], v = id[b];
-                order[b] = order[b - 1], order[b - 1] = t;
-                id[b] = id[b - 1], id[b - 1] = v;
-            }
-#pragma unroll
-    for (int s = 0; s < MD_MAXK; s++)
-        if (s < k) row[s] = w + ((int64_t)id[s] * dim + d) * inter;
+    for (int s = 0; s < MD_MAXK; s++) row[s] = s < k ? w + ((int64_t)id[s] * dim + d) * inter : w;
     float dot[MD_MAXK];
 #pragma unroll
     for (int s = 0; s < MD_MAXK; s++) dot[s] = 0.0f;
@@ -290,14 +292,11 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2)
     __syncthreads();
     if (lane == 0) { /* warp r: output row d0 + r, slots in ascending expert id */
         int order[MD_MAXK], id[MD_MAXK];
-        for (int j = 0; j < k; j++) order[j] = j, id[j] = __ldcg(idx + j);
-        for (int a = 1; a < k; a++)
-            for (int b = a; b > 0 && id[b] < id[b - 1]; b--) {
-                const int t = order[b], v = id[b];
-                order[b] = order[b - 1], order[b - 1] = t, id[b] = id[b - 1], id[b - 1] = v;
-            }
+        md_sort_slots(idx, k, order, id);
         float acc = 0.0f;
-        for (int j = 0; j < k; j++) acc += part[order[j]][warp] * wt[order[j]];
+#pragma unroll
+        for (int j = 0; j < MD_MAXK; j++)
+            if (j < k) acc += part[order[j]][warp] * wt[order[j]];
         const int d = d0 + warp;
         out[d] = accumulate ? out[d] + acc : acc;
     }
@@ -315,7 +314,7 @@ static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
                    (const uint16_t *)a->gate_up->data, a->dim, a->inter, a->idx, a->act, A, a->norm_w, a->eps, rt, a->k);
     /* A in shared memory where it fits (k x inter floats: 24 KB for Qwen3-30B-A3B) */
     const size_t smem_a = (size_t)a->k * (size_t)a->inter * sizeof(float);
-    static size_t down_allowed = 48 << 10;
+    static size_t rows_allowed = 48 << 10, slots_allowed = 48 << 10; /* one per kernel: the choice can vary by shape */
     /* KILN_MOE_DOWN_EARLY=1: ids and first weight loads before the wait
      * (written 2026-12-05, not yet run on a GPU; the default waits first) */
     static int early = -1;
@@ -325,8 +324,9 @@ static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
         late ? k_moe_down<DT, true, false> : k_moe_down<DT, true, true>;
     static int slots = -1;
     if (slots < 0) slots = getenv("KILN_MOE_DOWN_SLOTS") != NULL;
-    if (slots && MD_WARPS % a->k == 0 && a->inter % 256 == 0 && a->dim % MD_WARPS == 0) down = k_moe_down_slots<DT>;
-    const int sh = kn_cuda_allow_smem(down, smem_a, MD_MAX_SMEM, &down_allowed);
+    const int use_slots = slots && MD_WARPS % a->k == 0 && a->inter % 256 == 0 && a->dim % MD_WARPS == 0;
+    if (use_slots) down = k_moe_down_slots<DT>;
+    const int sh = kn_cuda_allow_smem(down, smem_a, MD_MAX_SMEM, use_slots ? &slots_allowed : &rows_allowed);
     if (!sh) down = late ? k_moe_down<DT, false, false> : k_moe_down<DT, false, true>;
     kn_cuda_launch(be, down, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0,
                    (const float *)A, (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx,

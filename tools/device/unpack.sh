@@ -7,10 +7,7 @@
 set -eu
 b=${1:-/tmp/b}
 mkdir -p "$b"
-for f in build-gpu/*.gz; do
-    exe=$(basename "$f" .gz)
-    gunzip -c "$f" >"$b/$exe" && chmod +x "$b/$exe"
-done
+xz -dc build-gpu/bin.tar.xz | tar -C "$b" -xf -
 cuda=${CUDA_HOME:-/usr/local/cuda}
 export LD_LIBRARY_PATH="$cuda/lib64:${LD_LIBRARY_PATH:-}"
 for f in "$b"/*; do ldd "$f" 2>/dev/null | grep "not found" | sed "s|^|unpack.sh: $f: |" >&2 || true; done

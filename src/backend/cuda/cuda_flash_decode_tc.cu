@@ -103,7 +103,7 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 
 template <int HD, bool CAP, bool CQ, bool TR>
 __global__ void __launch_bounds__(TC_WARPS * 32)
-    k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters, int early) {
+    k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters) {
     constexpr int KT = HD / 16;   /* QK steps (16 dims each) */
     constexpr int NT = HD / 8;    /* PV n-tiles (8 dims each) */
     constexpr int QD = HD / 4;    /* dims of a key row per lane in QK */
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         for (int i = threadIdx.x; i < 64 * 32; i += TC_WARPS * 32) vt[i] = tc_pack<true>(cent[(i >> 5) & 7], cent[i >> 8]);
         __syncthreads();
     }
-    if (!early) kn_pdl_wait();
+    kn_pdl_wait();
     const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const int bs = kv.block_size, nkv = kv.n_kv_heads, G = a.n_heads / nkv, h0 = kvh * G;
     const uint8_t *K = (const uint8_t *)kv.k, *V = (const uint8_t *)kv.v;
@@ -132,19 +132,6 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     const int lo = (a.window > 0 && p - a.window + 1 > 0) ? p - a.window + 1 : 0;
     const int n = p - lo + 1, per = (n + n_splits - 1) / n_splits;
     const int j0 = lo + split * per, j1 = min(p + 1, j0 + per);
-    const int bsh = __ffs(bs) - 1; /* block sizes are powers of two here (kn_cuda_flash_decode) */
-    if (early) {
-        /* KILN_ATTN_EARLY_IDX=1: positions, sequence rows and block tables are
-         * uploaded before a step's first kernel and written by none, so they
-         * are read before the wait, and the warp's first block ids are
-         * loaded (into L1) meanwhile; the cache rows only after it */
-        const int jt = j0 + warp * TC_KEYS;
-        if (jt < j1) {
-            const int32_t b0 = bt[jt >> bsh], b1 = bt[(min(jt + TC_KEYS, j1) - 1) >> bsh];
-            asm volatile("" ::"r"(b0), "r"(b1));
-        }
-        kn_pdl_wait();
-    }
     /* k8v3 scales q before rounding it to f16, so raw scores are already scaled */
     const float qs = CQ ? a.scale : 1.0f, ss = CQ ? 1.0f : a.scale;
     const float sl2 = ss * 1.4426950408889634f;
@@ -176,6 +163,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 #pragma unroll
     for (int i = 0; i < OT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY; /* raw-score running max of heads g, g + 8 (TR: 2tq, 2tq + 1) */
+    const int bsh = __ffs(bs) - 1; /* block sizes are powers of two here (kn_cuda_flash_decode) */
     auto row_of = [&](int j) -> int64_t { return ((int64_t)bt[j >> bsh] * bs + (j & (bs - 1))) * nkv + kvh; };
     /* k8v3 value codes of this lane: bytes [vo, vo + 3 NT / 8) of a row (after
      * the scales), read as one or two aligned words */
@@ -478,14 +466,10 @@ template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attent
     size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
     if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                 /* the value table */
     const int cap = a->softcap > 0.0f;
-    void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *, int) =
+    void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *) =
         tr ? (cap ? k_flash_tc<HD, true, CQ, true> : k_flash_tc<HD, false, CQ, true>)
            : (cap ? k_flash_tc<HD, true, CQ, false> : k_flash_tc<HD, false, CQ, false>);
-    /* KILN_ATTN_EARLY_IDX=1: index reads before the programmatic wait
-     * (written 2026-12-05, not yet run on a GPU; off by default) */
-    static int early = -1;
-    if (early < 0) early = getenv("KILN_ATTN_EARLY_IDX") != NULL;
-    kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters, early);
+    kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans) {

@@ -1411,7 +1411,8 @@ int main(void) {
     /* decode at real widths (CUDA: the fused gate/up and down+combine kernels, several pieces per lane) */
     test_moe_ffn(KN_DT_BF16, 1, 16, 8, 2048, 768, KN_ACT_SILU);
     test_moe_ffn(KN_DT_F16, 1, 12, 5, 520, 264, KN_ACT_GELU_TANH);
-    /* k dividing 8 and inter a multiple of 256 (CUDA, KILN_MOE_DOWN_SLOTS=1: a warp per slot's rows) */
+    /* k dividing 8 and inter a multiple of 256 (CUDA: the down kernel where a warp streams a slot's rows;
+     * the 8-expert shape above runs it too, k = 5 and the next case the row kernel) */
     test_moe_ffn(KN_DT_F16, 1, 6, 2, 64, 512, KN_ACT_SILU);
     test_moe_ffn(KN_DT_BF16, 1, 8, 4, 128, 256, KN_ACT_SILU);
     /* k x inter activations too wide for the CUDA down kernel's shared memory (172 KB): read in place */
@@ -1425,10 +1426,9 @@ int main(void) {
         test_moe_ffn_f(KN_DT_F32, 1, 8, 2, 64, 48, KN_ACT_SILU, 0, 0, f);
         if (be->moe_quantized_experts) test_moe_ffn_f(KN_DT_BF16, 2, 8, 2, 128, 64, KN_ACT_SILU, 4, 64, f);
     }
-    /* routing inside the op from router logits (CUDA decode: fused into the
-     * gate/up kernel with KILN_MOE_FUSED_ROUTE=1, else the routing kernel first) */
+    /* routing inside the op from router logits (CUDA: the routing kernel first) */
     test_moe_ffn_f(KN_DT_BF16, 1, 32, 8, 256, 64, KN_ACT_SILU, 0, 0, MOE_ROUTE | MOE_NORM | MOE_ACC);
-    test_moe_ffn_f(KN_DT_F16, 1, 300, 4, 64, 32, KN_ACT_SILU, 0, 0, MOE_ROUTE); /* more experts than fused routing holds */
+    test_moe_ffn_f(KN_DT_F16, 1, 300, 4, 64, 32, KN_ACT_SILU, 0, 0, MOE_ROUTE); /* more experts than 8 per lane */
     test_moe_ffn_f(KN_DT_BF16, 5, 16, 2, 64, 48, KN_ACT_SILU, 0, 0, MOE_ROUTE | MOE_NORM); /* several tokens */
     if (be->moe_quantized_experts) test_moe_ffn_f(KN_DT_BF16, 1, 8, 2, 128, 64, KN_ACT_SILU, 4, 64, MOE_ROUTE);
     if (be->moe_quantized_experts) { /* MLX-quantized stacks: decode, prefill, a float down stack beside them */

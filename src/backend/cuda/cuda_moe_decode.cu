@@ -7,14 +7,15 @@
  *   k_moe_gate_up: one warp per (slot, intermediate row r) streams the
  *     expert's gate row r and up row inter + r together, 16-byte pieces, 8
  *     per row in flight per lane, and writes act(gate) * up.
- *   k_moe_down: one warp per output element d reads row d of every selected
- *     expert's down matrix at once (one load per expert in flight per lane),
- *     and sums w_j * (down_j . a_j) over the slots in ascending expert id,
- *     as kn_moe_args specifies, writing out[d]: the combine step is fused.
- *     The block stages the k activation rows in shared memory while its
- *     first weight loads are in flight; with KILN_MOE_DOWN_EARLY=1 those
- *     loads go out before the programmatic wait (while the gate/up kernel's
- *     last blocks finish; not yet measured, so not the default).
+ *   k_moe_down_slots (k dividing 8, inter a multiple of 256): a block makes
+ *     8 outputs, each warp streaming one slot's rows as one contiguous run;
+ *     k_moe_down (other shapes): one warp per output element d reads row d
+ *     of every selected expert's down matrix at once. Both sum
+ *     w_j * (down_j . a_j) over the slots in ascending expert id, as
+ *     kn_moe_args specifies, writing out[d]: the combine step is fused. They
+ *     read the ids and issue their first weight loads before the
+ *     programmatic wait (while the gate/up kernel's last blocks finish), and
+ *     stage the k activation rows in shared memory while those are in flight.
  *
  * MLX-quantized experts (any number of tokens; correct-first): the same
  * two-kernel shape over (token, slot) with each row dequantized word by word
@@ -25,15 +26,15 @@
  * gate/up kernel; the quantized kernels decline it (the caller normalizes
  * first). The residual add (accumulate) is fused into both down kernels.
  * Routing (kn_moe_args.logits) runs in its own kernel first (the caller,
- * kn_cuda_moe_ffn), or with KILN_MOE_FUSED_ROUTE=1 in the bf16/f16 gate/up
- * kernel's prologue.
+ * kn_cuda_moe_ffn; routing in the gate/up kernel's prologue measured 8%
+ * slower on the H200, 2026-12-05).
  *
  * Other cases decline (the generic path of cuda_ops_models.cu runs). */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
-#include "backend/cuda/cuda_moe_route.cuh"
 
 #define MD_WARPS 8
 #define MD_U 8     /* pieces per row in flight (gate/up) */
@@ -68,41 +69,22 @@ __device__ __forceinline__ float md_act(float g, int act) {
     return g / (1.0f + expf(-g));
 }
 
-/* The routing inputs of a gate/up kernel that routes itself (ROUTE) */
-#define MD_ROUTE_RI 8 /* experts per lane: E <= 256 */
-struct md_route {
-    const float *logits, *escale;
-    int E, norm;
-    float *wt;
-};
-
 /* A[j, r] = act(gate_e . x') * (up_e . x'), e = idx[j]; grid (inter / 8, k).
  * NORM: x' = rms_norm(x) * norm_w, formed by every block in shared memory
  * (dim floats) while its first weight loads are in flight, with the
- * arithmetic of the fused-norm GEMV (cuda_gemv.cu); otherwise x' = x.
- * ROUTE: warp 0 of every block routes the token's router logits
- * (kn_moe_route_row) into shared memory first; block (0, 0) also writes idx
- * and wt for the down kernel. */
-template <int DT, bool NORM, bool ROUTE>
+ * arithmetic of the fused-norm GEMV (cuda_gemv.cu); otherwise x' = x. */
+template <int DT, bool NORM>
 __global__ void __launch_bounds__(MD_WARPS * 32)
     k_moe_gate_up(const float *__restrict__ x, const uint16_t *__restrict__ w, int dim, int inter,
-                  int32_t *__restrict__ idx, int act, float *__restrict__ A, const float *__restrict__ norm_w,
-                  float eps, md_route rt, int k) {
+                  const int32_t *__restrict__ idx, int act, float *__restrict__ A,
+                  const float *__restrict__ norm_w, float eps) {
     extern __shared__ float4 md_smem[];
     __shared__ float red[MD_WARPS];
-    __shared__ int32_t s_idx[MD_MAXK];
-    __shared__ float s_w[MD_MAXK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, j = blockIdx.y;
-    kn_pdl_wait(); /* x and idx (or the logits) come from the kernels before */
-    kn_pdl_trigger(); /* only now: k_moe_down may read idx before its own wait */
-    if (ROUTE) {
-        if (warp == 0) kn_moe_route_row<MD_ROUTE_RI>(rt.logits, rt.E, k, rt.norm, rt.escale, s_idx, s_w, lane);
-        __syncthreads();
-        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < k)
-            idx[threadIdx.x] = s_idx[threadIdx.x], rt.wt[threadIdx.x] = s_w[threadIdx.x];
-    }
+    kn_pdl_wait(); /* x and idx come from the kernels before */
+    kn_pdl_trigger(); /* only now: the down kernel reads idx before its own wait */
     const int r = blockIdx.x * MD_WARPS + warp; /* < inter: the launch has inter % MD_WARPS == 0 */
-    const int64_t e = ROUTE ? s_idx[j] : idx[j];
+    const int64_t e = idx[j];
     const uint16_t *g = w + (e * 2 * inter + r) * (int64_t)dim, *u = g + (int64_t)inter * dim;
     uint4 rg[MD_U], ru[MD_U];
     auto issue = [&](int c0) {
@@ -140,7 +122,11 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
 }
 
 /* the k <= MD_MAXK slots' expert ids (read past L1) and the slot order by
- * ascending id, in registers (insertion sort, fully unrolled) */
+ * ascending id, in registers (insertion sort, fully unrolled).
+ * The down kernels call this before their programmatic wait: idx was
+ * written before the gate/up kernel passed its own wait, and that kernel
+ * triggers only after it, so the ids are final once a down kernel runs
+ * (the one exception to "nothing before the wait", cuda_internal.h). */
 __device__ __forceinline__ void md_sort_slots(const int32_t *__restrict__ idx, int k, int (&order)[MD_MAXK],
                                               int (&id)[MD_MAXK]) {
 #pragma unroll
@@ -160,7 +146,7 @@ __device__ __forceinline__ void md_sort_slots(const int32_t *__restrict__ idx, i
  * SH: the block copies A (k x inter floats) into shared memory after its
  * warps have issued their first weight loads; otherwise A is read from
  * global memory as it is used. */
-template <int DT, bool SH, bool EARLY>
+template <int DT, bool SH>
 __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 128 registers */
     k_moe_down(const float *__restrict__ A, const uint16_t *__restrict__ w, int dim, int inter,
                const int32_t *__restrict__ idx, const float *__restrict__ wt, int k, float *__restrict__ out,
@@ -168,11 +154,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
     extern __shared__ float4 md_smem[];
     const int lane = threadIdx.x & 31;
     kn_pdl_trigger();
-    if (!EARLY) kn_pdl_wait(); /* the default until EARLY is measured: nothing before the wait */
-    /* Before the wait: the ids and this warp's first weight loads. idx was
-     * written before the gate/up kernel passed its wait, and that kernel lets
-     * this one start only after that (it triggers after its wait), so the
-     * ids are final here (read past L1); A and wt are read after the wait. */
+    /* Before the wait: the ids and this warp's first weight loads (see
+     * md_sort_slots); A and wt are read after the wait. */
     const int d0 = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
     const bool on = d0 < dim; /* no early return: the block meets at a barrier below */
     const int d = on ? d0 : dim - 1;
@@ -196,7 +179,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
     int c = lane * 8;
     issue(c, raw[0]);
     issue(c + 32 * 8, raw[1]);
-    if (EARLY) kn_pdl_wait(); /* A and wt come from the kernels before; out may be read by them */
+    kn_pdl_wait(); /* A and wt come from the kernels before; out may be read by them */
     if (SH) { /* A into shared memory (16-byte pieces, all threads) while the weights are in flight */
         const int n4 = k * inter / 4;
         for (int i = threadIdx.x; i < n4; i += MD_WARPS * 32) md_smem[i] = __ldcg((const float4 *)A + i);
@@ -231,8 +214,8 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2) /* 2 blocks per SM: at most 
     if (lane == 0 && on) out[d] = accumulate ? out[d] + acc : acc;
 }
 
-/* The same sums with KILN_MOE_DOWN_SLOTS=1 (k divides 8, inter a multiple
- * of 256; written 2026-12-05, not yet run on a GPU): a block computes 8
+/* The same sums where k divides 8 and inter is a multiple of 256 (the
+ * default there; KILN_MOE_DOWN_SLOTS=0 picks k_moe_down): a block computes 8
  * output rows and warp w streams one slot's rows, s = w / (8 / k), rows
  * [d0 + (w % (8 / k)) k, + k) of expert idx[s]: one contiguous run of
  * k * inter * 2 bytes, 8 pieces of 16 bytes per lane in flight, instead of
@@ -248,8 +231,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2)
     extern __shared__ float4 md_smem[];     /* A [k][inter] */
     __shared__ float part[MD_MAXK][MD_WARPS]; /* [slot][row of the block] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    kn_pdl_trigger();
-    kn_pdl_wait(); /* A, idx and wt come from the kernels before */
+    kn_pdl_trigger(); /* the ids and first weight loads before the wait, as in k_moe_down */
     const int wps = MD_WARPS / k;              /* warps per slot; each takes k rows */
     const int s = warp / wps, r0 = (warp % wps) * k, d0 = blockIdx.x * MD_WARPS;
     const int c = inter / 256, n = k * c; /* pieces per lane: per row, in all */
@@ -262,6 +244,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2)
     };
     issue(0, raw[0]);
     issue(1, raw[1]);
+    kn_pdl_wait(); /* A and wt come from the kernels before; out may be read by them */
     const int n4 = k * inter / 4; /* A into shared memory while the weights are in flight */
     for (int i = threadIdx.x; i < n4; i += MD_WARPS * 32) md_smem[i] = __ldcg((const float4 *)A + i);
     __syncthreads();
@@ -302,45 +285,32 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2)
     }
 }
 
-template <int DT, bool NORM, bool ROUTE>
-static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
+template <int DT, bool NORM> static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {
     const dim3 g1((unsigned)(a->inter / MD_WARPS), (unsigned)a->k);
     const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS));
     const size_t smem = NORM ? (size_t)a->dim * sizeof(float) : 0;
     static size_t smem_allowed = 48 << 10; /* per instantiation */
-    if (NORM && !kn_cuda_allow_smem(k_moe_gate_up<DT, NORM, ROUTE>, smem, MD_MAX_SMEM, &smem_allowed)) return 0;
-    const md_route rt = {a->logits, a->expert_scale, a->n_experts, a->norm_topk, a->w};
-    kn_cuda_launch(be, k_moe_gate_up<DT, NORM, ROUTE>, g1, dim3(MD_WARPS * 32), smem, a->x,
-                   (const uint16_t *)a->gate_up->data, a->dim, a->inter, a->idx, a->act, A, a->norm_w, a->eps, rt, a->k);
+    if (NORM && !kn_cuda_allow_smem(k_moe_gate_up<DT, NORM>, smem, MD_MAX_SMEM, &smem_allowed)) return 0;
+    kn_cuda_launch(be, k_moe_gate_up<DT, NORM>, g1, dim3(MD_WARPS * 32), smem, a->x, (const uint16_t *)a->gate_up->data,
+                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w, a->eps);
     /* A in shared memory where it fits (k x inter floats: 24 KB for Qwen3-30B-A3B) */
     const size_t smem_a = (size_t)a->k * (size_t)a->inter * sizeof(float);
     static size_t rows_allowed = 48 << 10, slots_allowed = 48 << 10; /* one per kernel: the choice can vary by shape */
-    /* KILN_MOE_DOWN_EARLY=1: ids and first weight loads before the wait
-     * (written 2026-12-05, not yet run on a GPU; the default waits first) */
-    static int early = -1;
-    if (early < 0) early = getenv("KILN_MOE_DOWN_EARLY") != NULL;
-    const int late = !early || ROUTE; /* with ROUTE the ids are written by the gate/up kernel itself */
-    void (*down)(const float *, const uint16_t *, int, int, const int32_t *, const float *, int, float *, int) =
-        late ? k_moe_down<DT, true, false> : k_moe_down<DT, true, true>;
-    static int slots = -1;
-    if (slots < 0) slots = getenv("KILN_MOE_DOWN_SLOTS") != NULL;
+    static int slots = -1; /* KILN_MOE_DOWN_SLOTS=0: k_moe_down for every shape (A/B) */
+    if (slots < 0) slots = !(getenv("KILN_MOE_DOWN_SLOTS") && !strcmp(getenv("KILN_MOE_DOWN_SLOTS"), "0"));
     const int use_slots = slots && MD_WARPS % a->k == 0 && a->inter % 256 == 0 && a->dim % MD_WARPS == 0;
-    if (use_slots) down = k_moe_down_slots<DT>;
+    void (*down)(const float *, const uint16_t *, int, int, const int32_t *, const float *, int, float *, int) =
+        use_slots ? k_moe_down_slots<DT> : k_moe_down<DT, true>;
     const int sh = kn_cuda_allow_smem(down, smem_a, MD_MAX_SMEM, use_slots ? &slots_allowed : &rows_allowed);
-    if (!sh) down = late ? k_moe_down<DT, false, false> : k_moe_down<DT, false, true>;
-    kn_cuda_launch(be, down, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0,
-                   (const float *)A, (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx,
-                   (const float *)a->w, a->k, a->out, a->accumulate);
+    if (!sh) down = k_moe_down<DT, false>;
+    kn_cuda_launch(be, down, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0, (const float *)A,
+                   (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w,
+                   a->k, a->out, a->accumulate);
     return 1;
 }
 
-template <int DT, bool ROUTE>
-static int moe_decode_norm(kn_backend *be, const kn_moe_args *a, float *A) {
-    return a->norm_w ? moe_decode_dt<DT, true, ROUTE>(be, a, A) : moe_decode_dt<DT, false, ROUTE>(be, a, A);
-}
-template <int DT>
-static int moe_decode_route(kn_backend *be, const kn_moe_args *a, float *A) {
-    return a->logits ? moe_decode_norm<DT, true>(be, a, A) : moe_decode_norm<DT, false>(be, a, A);
+template <int DT> static int moe_decode_norm(kn_backend *be, const kn_moe_args *a, float *A) {
+    return a->norm_w ? moe_decode_dt<DT, true>(be, a, A) : moe_decode_dt<DT, false>(be, a, A);
 }
 
 /* an expert stack as the token-by-token kernels read it: MLX-quantized
@@ -437,12 +407,8 @@ static int moe_quant(kn_backend *be, const kn_moe_args *a) {
 
 int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a) {
     const kn_weight *gu = a->gate_up, *dn = a->down;
-    if (gu->bits || dn->bits) return a->norm_w || a->logits ? 0 : moe_quant(be, a); /* the caller normalizes / routes first */
-    /* routing in the gate/up kernel's prologue: KILN_MOE_FUSED_ROUTE=1 (written
-     * 2026-12-05, not yet run on a GPU; the default routes in its own kernel) */
-    static int fused_route = -1;
-    if (fused_route < 0) fused_route = getenv("KILN_MOE_FUSED_ROUTE") != NULL;
-    if (a->logits && (!fused_route || a->n_experts > 32 * MD_ROUTE_RI)) return 0;
+    if (a->logits) return 0; /* the caller routes first (kn_cuda_moe_ffn) */
+    if (gu->bits || dn->bits) return a->norm_w ? 0 : moe_quant(be, a); /* the caller normalizes first */
     if (a->n_tokens != 1 || a->k < 1 || a->k > MD_MAXK || gu->bits || dn->bits || gu->dtype != dn->dtype ||
         (gu->dtype != KN_DT_BF16 && gu->dtype != KN_DT_F16))
         return 0;
@@ -450,5 +416,5 @@ int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a) {
         ((uintptr_t)a->x & 15) || ((uintptr_t)a->scratch & 15) || ((uintptr_t)a->norm_w & 15))
         return 0;
     float *A = a->scratch; /* [k, inter] */
-    return gu->dtype == KN_DT_BF16 ? moe_decode_route<KN_DT_BF16>(be, a, A) : moe_decode_route<KN_DT_F16>(be, a, A);
+    return gu->dtype == KN_DT_BF16 ? moe_decode_norm<KN_DT_BF16>(be, a, A) : moe_decode_norm<KN_DT_F16>(be, a, A);
 }

@@ -228,7 +228,7 @@ __device__ __forceinline__ float kn_cuda_load_w(const void *w, int64_t i, int dt
  * sm_90 and when the kernel was launched the ordinary way. One exception:
  * data written by a kernel that finished before the previous kernel passed
  * its own wait may be read before the wait (past L1) when that previous
- * kernel triggers only after its wait (k_moe_down's routing ids). */
+ * kernel triggers only after its wait (the MoE down kernels' routing ids). */
 __device__ __forceinline__ void kn_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

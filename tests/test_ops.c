@@ -888,6 +888,36 @@ static void test_argmax(void) {
     free(x);
 }
 
+/* vocabulary-wide rows (CUDA with KILN_ARGMAX_SPLIT=1: split over blocks of
+ * 4,096, the rows' maxima in different blocks, a tie across blocks) */
+static void test_argmax_wide(void) {
+    const int rows = 4, dim = 151939; /* not a multiple of 4 or of a block */
+    float *x = malloc((size_t)rows * dim * 4);
+    fill(x, (int64_t)rows * dim, 5.0f);
+    x[0 * (size_t)dim + dim - 1] = 60.0f;                          /* the last element */
+    x[1 * (size_t)dim + 20000] = x[1 * (size_t)dim + 90000] = 60.0f; /* a tie across blocks: the lower */
+    x[1 * (size_t)dim + 20001] = NAN;
+    for (int j = 0; j < dim; j++) x[2 * (size_t)dim + j] = j % 7 == 0 ? NAN : -INFINITY;
+    int32_t want[4] = {dim - 1, 20000, 0, 0};
+    for (int j = 1; j < dim; j++)
+        if (x[3 * (size_t)dim + j] > x[3 * (size_t)dim + want[3]]) want[3] = j;
+    int32_t got[4] = {-7, -7, -7, -7};
+    float *dx = dev(x, (size_t)rows * dim * 4);
+    int32_t *dout = dev(got, sizeof got);
+    for (int rep = 0; rep < 2; rep++) { /* twice: the split kernel's counts must be back at zero */
+        be->vt->argmax_rows(be, dx, rows, dim, dout);
+        kn_be_sync(be);
+        kn_be_download(be, got, dout, sizeof got);
+        for (int r = 0; r < rows; r++) CHECK(got[r] == want[r], "argmax wide row %d: got %d want %d", r, got[r], want[r]);
+    }
+    be->vt->argmax_rows(be, dx + dim, 1, dim, dout); /* one row */
+    kn_be_sync(be);
+    kn_be_download(be, got, dout, sizeof(int32_t));
+    CHECK(got[0] == want[1], "argmax wide, one row: got %d want %d", got[0], want[1]);
+    kn_be_free(be, dx), kn_be_free(be, dout);
+    free(x);
+}
+
 /* ---- model families ops ---- */
 
 static void test_softcap_scale_gate(void) {
@@ -1389,6 +1419,7 @@ int main(void) {
     test_layer_norm(3, 1280, 0);
     test_layer_norm(2, 5, 1);
     test_argmax();
+    test_argmax_wide();
     test_gelu_geglu(KN_GELU_ERF);
     test_gelu_geglu(KN_GELU_TANH);
     test_softcap_scale_gate();

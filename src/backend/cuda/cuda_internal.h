@@ -24,6 +24,8 @@ enum {
     KN_CUDA_SCRATCH_GEMM_OUT,
     KN_CUDA_SCRATCH_MLP_ACT,       /* kn_cuda_mlp_swiglu_add: the activation in the down projection's dtype */
     KN_CUDA_SCRATCH_KV_CONVERT,    /* kv_convert: staging rows widened to f32, a chunk at a time */
+    KN_CUDA_SCRATCH_ARGMAX,        /* split argmax: per-block (value, index) partials */
+    KN_CUDA_SCRATCH_ARGMAX_COUNT,  /* split argmax: blocks done per row (kept zero between launches) */
     KN_CUDA_SCRATCH_COUNT
 };
 

@@ -543,38 +543,8 @@ __global__ void k_softmax(float *x, int dim) {
     for (int j = threadIdx.x; j < dim; j += blockDim.x) v[j] = expf(v[j] - mx) / s;
 }
 
-/* one block per row: (value, index) max with the lowest index on ties */
-__global__ void k_argmax(const float *x, int dim, int32_t *out) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const float *v = x + (int64_t)blockIdx.x * dim;
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x)
-        if (v[j] > bv) bv = v[j], bi = j; /* strided: first max per thread */
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-    }
-    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = bv, si[threadIdx.x >> 5] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) bv = sv[w], bi = si[w];
-        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
-    }
-}
-
-/* Split argmax (KILN_ARGMAX_SPLIT=1; written 2026-12-05, not yet run on a
- * GPU): grid (blocks per row, rows); block b scans its chunk of AM_CHUNK
- * elements with AM_UNROLL loads in flight per thread, writes its (value,
- * index) partial, and the block of a row that counts itself last on done[row]
- * reduces the row's partials and sets the count back to zero. Same result as
- * k_argmax: the first maximum, NaN never taken, 0 for a row with no value
- * above -inf. The single-block kernel keeps one load in flight per thread
- * over a whole 152k-entry vocabulary row on one SM: ~34 us per decode step
- * on an H100 / H200 (the eighteenth session's timelines). */
+/* argmax of rows (greedy sampling): the (value, index) maximum, the lowest
+ * index on ties, NaN never taken, 0 for a row with no value above -inf */
 #define AM_THREADS 256
 #define AM_UNROLL 4
 #define AM_CHUNK (AM_THREADS * AM_UNROLL * 4) /* elements per block: 4 passes of the unrolled loads */
@@ -594,6 +564,27 @@ __device__ __forceinline__ void am_block(float &bv, int &bi, float *sv, int *si)
     if (threadIdx.x == 0)
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) am_merge(bv, bi, sv[w], si[w]);
 }
+/* one block per row: (value, index) max with the lowest index on ties */
+__global__ void k_argmax(const float *x, int dim, int32_t *out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *v = x + (int64_t)blockIdx.x * dim;
+    float bv = -INFINITY;
+    int bi = AM_NONE;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        if (v[j] > bv) bv = v[j], bi = j; /* strided: first max per thread */
+    am_block(bv, bi, sv, si);
+    if (threadIdx.x == 0) out[blockIdx.x] = bi == AM_NONE ? 0 : bi;
+}
+
+/* Split argmax (KILN_ARGMAX_SPLIT=1; written 2026-12-05, not yet run on a
+ * GPU): grid (blocks per row, rows); block b scans its chunk of AM_CHUNK
+ * elements with AM_UNROLL loads in flight per thread, writes its (value,
+ * index) partial, and the block of a row that counts itself last on done[row]
+ * reduces the row's partials and sets the count back to zero. Same result as
+ * k_argmax. The single-block kernel keeps one load in flight per thread
+ * over a whole 152k-entry vocabulary row on one SM: ~34 us per decode step
+ * on an H100 / H200 (the eighteenth session's timelines). */
 __global__ void __launch_bounds__(AM_THREADS)
     k_argmax_split(const float *__restrict__ x, int dim, float *pv, int *pi, int *done, int32_t *__restrict__ out) {
     __shared__ float sv[AM_THREADS / 32];

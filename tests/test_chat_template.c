@@ -311,6 +311,23 @@ static void test_errors(void) {
         free(out);
     }
 
+    /* str.format positional indices of any length (a fuzz find: an int overflow indexed before the arguments) */
+    {
+        static const char *bad[] = {"{{ '{555555555555555550}{1}{0}'.format('x','y') }}", "{{ '{2}'.format('x','y') }}",
+                                    "{{ '{99999999999999999999999999}'.format('x') }}"};
+        for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+            CHECK(render_src(bad[i], NULL, &out, &err) != KN_OK && strstr(err.msg, "out of range"),
+                  "str.format index %zu: %s", i, err.msg);
+            free(out);
+        }
+        CHECK(render_src("{{ '{1}{0}{1x}'.format('a', 'b') }}", NULL, &out, &err) != KN_OK && strstr(err.msg, "1x"),
+              "str.format '1x' is a keyword name: %s", err.msg);
+        free(out);
+        CHECK(render_src("{{ '{01}{0}'.format('a', 'b') }}", NULL, &out, &err) == KN_OK && out && !strcmp(out, "ba"),
+              "str.format index 01: %s", out ? out : err.msg);
+        free(out);
+    }
+
     /* bounds, with small limits so the test is quick */
     jlimits lim = kn_jinja_default_limits;
     lim.max_loop = 20000;

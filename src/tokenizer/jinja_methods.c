@@ -646,6 +646,12 @@ static int pad_str(jctx *c, jv s, int64_t width, jv fillv, int mode, jv *out) {
     return rc || c->failed ? -1 : 0;
 }
 
+static int digits_only(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return 0;
+    return n > 0;
+}
+
 static int str_format(jctx *c, jv fmt, const jargs *a, jv *out) {
     jbuf b = {0};
     const char *p = fmt.s->s, *end = p + fmt.s->len;
@@ -667,11 +673,12 @@ static int str_format(jctx *c, jv fmt, const jargs *a, jv *out) {
         if (namel == 0) {
             if (auto_idx >= a->n_pos) { rc = jfail(c, "Replacement index %d out of range for positional args tuple", auto_idx); break; }
             v = a->pos[auto_idx++];
-        } else if (f[0] >= '0' && f[0] <= '9') {
-            int idx = atoi(f);
-            if (idx >= a->n_pos) { rc = jfail(c, "Replacement index %d out of range for positional args tuple", idx); break; }
+        } else if (digits_only(f, namel)) { /* a positional index, however many digits (no int overflow) */
+            int64_t idx = 0;
+            for (size_t i = 0; i < namel && idx <= a->n_pos; i++) idx = idx * 10 + (f[i] - '0');
+            if (idx >= a->n_pos) { rc = jfail(c, "Replacement index %.*s out of range for positional args tuple", (int)namel, f); break; }
             v = a->pos[idx];
-        } else {
+        } else { /* a keyword name (Python: any name that is not all digits) */
             char name[128];
             snprintf(name, sizeof name, "%.*s", (int)(namel < 127 ? namel : 127), f);
             if (!jarg(a, -1, name, &v)) { rc = jfail(c, "KeyError: '%s'", name); break; }

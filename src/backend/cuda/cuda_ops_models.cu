@@ -47,8 +47,8 @@ __global__ void k_mul_rows(float *y, const float *x, int64_t x_stride, int64_t n
  * through memory). Taken experts become NaN (never > any). */
 template <int RI>
 __device__ __forceinline__ void moe_route_row(const float *__restrict__ l, int E, int k, int norm,
-                                                 const float *__restrict__ escale, int32_t *__restrict__ ir,
-                                                 float *__restrict__ wr, int lane) {
+                                              const float *__restrict__ escale, int32_t *__restrict__ ir,
+                                              float *__restrict__ wr, int lane) {
     float p[RI], mx = -INFINITY, sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < RI; i++) {
@@ -410,9 +410,10 @@ extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a0) {
         static int pf_slots = -1; /* KILN_MOE_ROUTE_PREFETCH=N: the first N slots' gate/up rows into the L2 */
         if (pf_slots < 0) pf_slots = getenv("KILN_MOE_ROUTE_PREFETCH") ? atoi(getenv("KILN_MOE_ROUTE_PREFETCH")) : 0;
         const kn_weight *gu = na.gate_up;
+        const int64_t expert_bytes = (int64_t)2 * I * D * (int64_t)kn_dtype_size(gu->dtype); /* its gate and up rows */
         if (pf_slots > 0 && n == 1 && !gu->bits && kn_dtype_size(gu->dtype) == 2 && !((uintptr_t)gu->data & 15) &&
-            ((int64_t)2 * I * D * 2) % 16 == 0)
-            pf = moe_route_pf{(const uint8_t *)gu->data, (int64_t)2 * I * D * 2, pf_slots};
+            expert_bytes % 16 == 0)
+            pf = moe_route_pf{(const uint8_t *)gu->data, expert_bytes, pf_slots};
         moe_route_launch(be, na.logits, n, na.n_experts, k, na.norm_topk, na.expert_scale, na.idx, na.w, pf);
         na.logits = NULL;
         if (kn_cuda_moe_decode(be, a)) return;

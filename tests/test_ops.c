@@ -888,7 +888,7 @@ static void test_argmax(void) {
     free(x);
 }
 
-/* vocabulary-wide rows (CUDA with KILN_ARGMAX_SPLIT=1: split over blocks of
+/* vocabulary-wide rows (CUDA: the split kernel, blocks of
  * 4,096, the rows' maxima in different blocks, a tie across blocks) */
 static void test_argmax_wide(void) {
     const int rows = 4, dim = 151939; /* not a multiple of 4 or of a block */

@@ -242,15 +242,6 @@ __device__ __forceinline__ void kn_pdl_trigger() {
 #endif
 }
 
-/* Ask the L2 to fetch bytes at p (16-byte aligned, bytes a multiple of 16)
- * without waiting for them: a hint for data a later kernel reads. sm_90's
- * bulk prefetch; a no-op before it. */
-__device__ __forceinline__ void kn_l2_prefetch(const void *p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (bytes) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 /* Launch kernel k on the backend's stream, as a programmatic dependent
  * launch where the backend uses them (the kernel must follow the rules
  * above). */

@@ -10,8 +10,6 @@
  * (counting sort, one block) and runs one block per (expert, 8 rows), each
  * weight row read once per group of up to 8 of that expert's tokens staged in
  * shared memory. Tensor-core GEMMs for large expert groups are still to come. */
-#include <stdlib.h>
-
 #include "backend/cuda/cuda_internal.h"
 
 #define S kn_cuda_stream(be)
@@ -108,37 +106,15 @@ __device__ __forceinline__ void moe_route_row(const float *__restrict__ l, int E
         for (int j = 0; j < k; j++) wr[j] *= escale[ir[j]];
 }
 
-/* One token's routed experts to fetch into the L2 once routed: the first
- * `slots` slots' regions of `bytes` each (an expert's gate and up rows, one
- * contiguous run) at base + id * bytes (KILN_MOE_ROUTE_PREFETCH=N; written
- * 2026-12-05, not yet run on a GPU): the gate/up kernel's first blocks, which
- * take the first slots, then read from the L2 what streamed while they were
- * launched and read the ids. */
-struct moe_route_pf {
-    const uint8_t *base;
-    int64_t bytes; /* a multiple of 16 */
-    int slots;
-};
-#define MOE_PF_PIECE (64 << 10)
-
 /* MoE routing, a warp per row */
 template <int RI>
 __global__ void k_moe_route(const float *__restrict__ logits, int rows, int E, int k, int norm,
-                            const float *__restrict__ escale, int32_t *__restrict__ idx, float *__restrict__ w,
-                            moe_route_pf pf) {
+                            const float *__restrict__ escale, int32_t *__restrict__ idx, float *__restrict__ w) {
     kn_pdl_trigger();
     kn_pdl_wait();
     const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     moe_route_row<RI>(logits + (int64_t)r * E, E, k, norm, escale, idx + (int64_t)r * k, w + (int64_t)r * k, lane);
-    if (pf.slots > 0 && rows == 1) { /* the warp's lanes issue 64 KB pieces of each region */
-        __syncwarp();
-        for (int s = 0; s < pf.slots && s < k; s++) {
-            const uint8_t *p = pf.base + (int64_t)idx[s] * pf.bytes;
-            for (int64_t o = (int64_t)lane * MOE_PF_PIECE; o < pf.bytes; o += 32 * MOE_PF_PIECE)
-                kn_l2_prefetch(p + o, (uint32_t)(pf.bytes - o < MOE_PF_PIECE ? pf.bytes - o : MOE_PF_PIECE));
-        }
-    }
 }
 
 /* 8 consecutive weights from 16 bytes (bf16/f16) or two 16-byte loads (f32) */
@@ -374,11 +350,11 @@ extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *
     if (n > 0) k_sigmoid_gate_add<<<blocks_for(n), 256, 0, S>>>(y, x, gate, n, dim);
 }
 
-static void moe_route_launch(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                             const float *expert_scale, int32_t *idx, float *w, moe_route_pf pf) {
+extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
+                                  const float *expert_scale, int32_t *idx, float *w) {
     if (rows <= 0) return;
     const dim3 grid((unsigned)((rows + 3) / 4)), block(128); /* a warp per row */
-    void (*kern)(const float *, int, int, int, int, const float *, int32_t *, float *, moe_route_pf) =
+    void (*kern)(const float *, int, int, int, int, const float *, int32_t *, float *) =
         n_experts <= 32    ? k_moe_route<1>
         : n_experts <= 64  ? k_moe_route<2>
         : n_experts <= 128 ? k_moe_route<4>
@@ -386,12 +362,7 @@ static void moe_route_launch(kn_backend *be, const float *logits, int rows, int 
         : n_experts <= 512 ? k_moe_route<16>
                            : k_moe_route<32>;
     static_assert(KN_MOE_MAX_EXPERTS <= 32 * 32, "k_moe_route holds at most 32 experts per lane");
-    kn_cuda_launch(be, kern, grid, block, 0, logits, rows, n_experts, k, norm_topk, expert_scale, idx, w, pf);
-}
-
-extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows, int n_experts, int k, int norm_topk,
-                                  const float *expert_scale, int32_t *idx, float *w) {
-    moe_route_launch(be, logits, rows, n_experts, k, norm_topk, expert_scale, idx, w, moe_route_pf{NULL, 0, 0});
+    kn_cuda_launch(be, kern, grid, block, 0, logits, rows, n_experts, k, norm_topk, expert_scale, idx, w);
 }
 
 extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim) {
@@ -406,15 +377,7 @@ extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a0) {
     kn_moe_args na = *a0;
     const kn_moe_args *a = &na;
     if (na.logits) { /* not routed inside the decode kernels: the routing kernel first */
-        moe_route_pf pf = {NULL, 0, 0};
-        static int pf_slots = -1; /* KILN_MOE_ROUTE_PREFETCH=N: the first N slots' gate/up rows into the L2 */
-        if (pf_slots < 0) pf_slots = getenv("KILN_MOE_ROUTE_PREFETCH") ? atoi(getenv("KILN_MOE_ROUTE_PREFETCH")) : 0;
-        const kn_weight *gu = na.gate_up;
-        const int64_t expert_bytes = (int64_t)2 * I * D * (int64_t)kn_dtype_size(gu->dtype); /* its gate and up rows */
-        if (pf_slots > 0 && n == 1 && !gu->bits && kn_dtype_size(gu->dtype) == 2 && !((uintptr_t)gu->data & 15) &&
-            expert_bytes % 16 == 0)
-            pf = moe_route_pf{(const uint8_t *)gu->data, expert_bytes, pf_slots};
-        moe_route_launch(be, na.logits, n, na.n_experts, k, na.norm_topk, na.expert_scale, na.idx, na.w, pf);
+        kn_cuda_moe_route(be, na.logits, n, na.n_experts, k, na.norm_topk, na.expert_scale, na.idx, na.w);
         na.logits = NULL;
         if (kn_cuda_moe_decode(be, a)) return;
     }

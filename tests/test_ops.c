@@ -1446,6 +1446,8 @@ int main(void) {
      * the 8-expert shape above runs it too, k = 5 and the next case the row kernel) */
     test_moe_ffn(KN_DT_F16, 1, 6, 2, 64, 512, KN_ACT_SILU);
     test_moe_ffn(KN_DT_BF16, 1, 8, 4, 128, 256, KN_ACT_SILU);
+    test_moe_ffn(KN_DT_BF16, 1, 12, 8, 64, 1024, KN_ACT_SILU);     /* 4 pieces of 256 per row, 4 batches */
+    test_moe_ffn(KN_DT_F16, 1, 5, 1, 40, 1024, KN_ACT_GELU_TANH); /* one slot: a warp per row */
     /* CUDA gate/up: rows wider than a warp's 8 pieces per lane in flight (2,048 columns), the second pass partial */
     test_moe_ffn(KN_DT_F16, 1, 10, 8, 2312, 1000, KN_ACT_SILU);
     /* k x inter activations too wide for the CUDA down kernel's shared memory (172 KB): read in place */

@@ -105,6 +105,9 @@ typedef struct {
     int n_tokens, n_heads;
     float scale;
     int window;
+    /* pos, seq and block_tables are uploaded before a step's kernels and
+     * written by none of them (a GPU kernel may read them before waiting on
+     * the kernels before it) */
     const int32_t *pos;          /* [n_tokens] */
     const int32_t *seq;          /* [n_tokens] row into block_tables */
     const int32_t *block_tables; /* [n_seqs, max_blocks] */

@@ -43,6 +43,9 @@
  * prefill kernel does), k8v3 rounds q, the decoded rows and the
  * probabilities to f16; products and sums are f32. f32 compute (f32 models)
  * and every other format keep the CUDA-core kernel (exact f32 dot products). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend/cuda/cuda_flash_decode.cuh"
 
 #define TC_WARPS 4 /* warps per block */
@@ -103,7 +106,7 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 
 template <int HD, bool CAP, bool CQ, bool TR>
 __global__ void __launch_bounds__(TC_WARPS * 32)
-    k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters) {
+    k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters, int prefetch) {
     constexpr int KT = HD / 16;   /* QK steps (16 dims each) */
     constexpr int NT = HD / 8;    /* PV n-tiles (8 dims each) */
     constexpr int QD = HD / 4;    /* dims of a key row per lane in QK */
@@ -123,7 +126,13 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         for (int i = threadIdx.x; i < 64 * 32; i += TC_WARPS * 32) vt[i] = tc_pack<true>(cent[(i >> 5) & 7], cent[i >> 8]);
         __syncthreads();
     }
-    kn_pdl_wait();
+    /* Before the wait: the positions and block tables (uploaded before the
+     * step's kernels and written by none, kn_attention_args), and an L2
+     * prefetch of this warp's first tile of cached rows, which earlier steps
+     * wrote (the newest row, which the kernel before writes, may come too: a
+     * prefetch only moves lines into the L2, where that write lands). The
+     * rows' DRAM round trip then overlaps the kernels before instead of
+     * following the wait. */
     const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const int bs = kv.block_size, nkv = kv.n_kv_heads, G = a.n_heads / nkv, h0 = kvh * G;
     const uint8_t *K = (const uint8_t *)kv.k, *V = (const uint8_t *)kv.v;
@@ -132,6 +141,18 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     const int lo = (a.window > 0 && p - a.window + 1 > 0) ? p - a.window + 1 : 0;
     const int n = p - lo + 1, per = (n + n_splits - 1) / n_splits;
     const int j0 = lo + split * per, j1 = min(p + 1, j0 + per);
+    const int bsh = __ffs(bs) - 1; /* block sizes are powers of two here (kn_cuda_flash_decode) */
+    auto row_of = [&](int j) -> int64_t { return ((int64_t)bt[j >> bsh] * bs + (j & (bs - 1))) * nkv + kvh; };
+    if (prefetch) { /* lanes 0-15: key rows of the warp's first tile, 16-31: value rows */
+        const int j = j0 + warp * TC_KEYS + (lane & 15);
+        if (j < j1) {
+            const char *r = lane < 16 ? (const char *)K + row_of(j) * KB : (const char *)V + row_of(j) * VB;
+            const int64_t len = lane < 16 ? KB : VB;
+            for (int64_t o = 0; o < len; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(r + o));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(r + len - 1)); /* a row may straddle one more line */
+        }
+    }
+    kn_pdl_wait();
     /* k8v3 scales q before rounding it to f16, so raw scores are already scaled */
     const float qs = CQ ? a.scale : 1.0f, ss = CQ ? 1.0f : a.scale;
     const float sl2 = ss * 1.4426950408889634f;
@@ -163,8 +184,6 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 #pragma unroll
     for (int i = 0; i < OT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY; /* raw-score running max of heads g, g + 8 (TR: 2tq, 2tq + 1) */
-    const int bsh = __ffs(bs) - 1; /* block sizes are powers of two here (kn_cuda_flash_decode) */
-    auto row_of = [&](int j) -> int64_t { return ((int64_t)bt[j >> bsh] * bs + (j & (bs - 1))) * nkv + kvh; };
     /* k8v3 value codes of this lane: bytes [vo, vo + 3 NT / 8) of a row (after
      * the scales), read as one or two aligned words */
     constexpr int VNB = 3 * NT / 8;
@@ -466,10 +485,13 @@ template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attent
     size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
     if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                 /* the value table */
     const int cap = a->softcap > 0.0f;
-    void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *) =
+    static int prefetch = -1; /* KILN_ATTN_PREFETCH=0: no L2 prefetch of the first tile before the wait (A/B) */
+    if (prefetch < 0) prefetch = !(getenv("KILN_ATTN_PREFETCH") && !strcmp(getenv("KILN_ATTN_PREFETCH"), "0"));
+    void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *, int) =
         tr ? (cap ? k_flash_tc<HD, true, CQ, true> : k_flash_tc<HD, false, CQ, true>)
            : (cap ? k_flash_tc<HD, true, CQ, false> : k_flash_tc<HD, false, CQ, false>);
-    kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters);
+    kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters,
+                   prefetch);
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans) {

@@ -293,10 +293,11 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2)
 }
 
 /* k_moe_down_slots with the activations in registers, where C = inter / 256
- * is at most 4: a warp's k rows all belong to one slot, so lane l needs the same C pieces of
- * that slot's activation row for every one of them: 8 C floats read once
- * from global memory (L2) after the wait, instead of a block-wide staging
- * into shared memory and two shared-memory loads per weight piece. The
+ * is at most 4: a warp's k rows all belong to one slot, so lane l needs the
+ * same C pieces of that slot's activation row for every one of them: 8 C
+ * floats read once from global memory (L2) after the wait, instead of a
+ * block-wide staging into shared memory and two shared-memory loads per
+ * weight piece. The
  * batches are unrolled, so each piece's row and column are constants, and
  * the k row sums are kept apart and reduced together at the end. ncu on an
  * H100 had k_moe_down_slots issuing ~1,800 instructions a warp at ~14

@@ -149,6 +149,21 @@ __device__ __forceinline__ void md_sort_slots(const int32_t *__restrict__ idx, i
             }
 }
 
+/* the slots kernels' last step, by lane 0 of warp r once part is complete:
+ * output row r of the block (out already offset to the block's first row),
+ * the slots' sums weighted and added in ascending expert id */
+__device__ __forceinline__ void md_slots_combine(const float (*part)[MD_WARPS], int r, const int32_t *__restrict__ idx,
+                                                 const float *__restrict__ wt, int k, float *__restrict__ out,
+                                                 int accumulate) {
+    int order[MD_MAXK], id[MD_MAXK];
+    md_sort_slots(idx, k, order, id);
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < MD_MAXK; j++)
+        if (j < k) acc += part[order[j]][r] * wt[order[j]];
+    out[r] = accumulate ? out[r] + acc : acc;
+}
+
 /* out[d] (+)= sum over slots in ascending expert id of wt[j] * (down_e[d] . A[j]).
  * SH: the block copies A (k x inter floats) into shared memory after its
  * warps have issued their first weight loads; otherwise A is read from
@@ -280,16 +295,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2)
         if (b + 3 < nb) issue(b + 3, raw[1]);
     }
     __syncthreads();
-    if (lane == 0) { /* warp r: output row d0 + r, slots in ascending expert id */
-        int order[MD_MAXK], id[MD_MAXK];
-        md_sort_slots(idx, k, order, id);
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < MD_MAXK; j++)
-            if (j < k) acc += part[order[j]][warp] * wt[order[j]];
-        const int d = d0 + warp;
-        out[d] = accumulate ? out[d] + acc : acc;
-    }
+    if (lane == 0) md_slots_combine(part, warp, idx, wt, k, out + d0, accumulate);
 }
 
 /* k_moe_down_slots with the activations in registers, where C = inter / 256
@@ -361,16 +367,7 @@ __global__ void __launch_bounds__(MD_WARPS * 32, 2)
         for (int r = 0; r < MD_MAXK; r++)
             if (r < k) part[s][r0 + r] = dot[r];
     __syncthreads();
-    if (lane == 0) { /* warp r: output row d0 + r, slots in ascending expert id */
-        int order[MD_MAXK], id[MD_MAXK];
-        md_sort_slots(idx, k, order, id);
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < MD_MAXK; j++)
-            if (j < k) acc += part[order[j]][warp] * wt[order[j]];
-        const int d = d0 + warp;
-        out[d] = accumulate ? out[d] + acc : acc;
-    }
+    if (lane == 0) md_slots_combine(part, warp, idx, wt, k, out + d0, accumulate);
 }
 
 template <int DT, bool NORM> static int moe_decode_dt(kn_backend *be, const kn_moe_args *a, float *A) {

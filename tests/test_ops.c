@@ -1448,6 +1448,7 @@ int main(void) {
     test_moe_ffn(KN_DT_BF16, 1, 8, 4, 128, 256, KN_ACT_SILU);
     test_moe_ffn(KN_DT_BF16, 1, 12, 8, 64, 1024, KN_ACT_SILU);     /* 4 pieces of 256 per row, 4 batches */
     test_moe_ffn(KN_DT_F16, 1, 5, 1, 40, 1024, KN_ACT_GELU_TANH); /* one slot: a warp per row */
+    test_moe_ffn(KN_DT_F16, 1, 6, 4, 64, 1280, KN_ACT_SILU);       /* 5 pieces: activations in shared memory */
     /* CUDA gate/up: rows wider than a warp's 8 pieces per lane in flight (2,048 columns), the second pass partial */
     test_moe_ffn(KN_DT_F16, 1, 10, 8, 2312, 1000, KN_ACT_SILU);
     /* k x inter activations too wide for the CUDA down kernel's shared memory (172 KB): read in place */

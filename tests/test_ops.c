@@ -646,6 +646,113 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
     free(x), free(xa), free(xf), free(ca), free(cf);
 }
 
+/* rope_kv_attention (optional op; CUDA with KILN_FUSED_ROPE_ATTN=1) against
+ * rope_kv_write (or its steps) followed by attention on the same backend:
+ * n_seqs decode tokens, one per sequence, at positions ctx + 5 s over a
+ * bf16 cache of random rows with scrambled block tables; bf16 compute. The
+ * outputs and the new cache rows agree up to rounding (the fused norms and
+ * rotations sum in another order, before q and the rows are rounded to
+ * bf16); every other cache row is untouched. */
+static void test_rope_kv_attention(int n_seqs, int nq, int nkv, int hd, int ctx, int window, int with_norm) {
+    if (!be->vt->rope_kv_attention) return;
+    setenv("KILN_FUSED_ROPE_ATTN", "1", 0); /* off by default until measured on a GPU */
+    kn_kv_spec ks;
+    kn_error err = {0};
+    if (kn_kv_spec_parse("bf16", 0, &ks, &err)) {
+        CHECK(0, "rope_kv_attention: %s", err.msg);
+        return;
+    }
+    const int bs = 16, n = n_seqs, max_pos = ctx + 5 * (n_seqs - 1);
+    const int max_blocks = max_pos / bs + 1, n_blocks = n_seqs * max_blocks + 2;
+    const int64_t stride = (int64_t)(nq + 2 * nkv) * hd + 5, slot_w = (int64_t)nkv * hd;
+    const int64_t n_el = (int64_t)n_blocks * bs * slot_w;
+    const size_t xb = (size_t)(n * stride) * 4, ob = (size_t)n * nq * hd * 4, kb = (size_t)n_el * 2;
+    float *x = malloc(xb), *oa = malloc(ob), *of = malloc(ob), inv_freq[128], *rows = malloc((size_t)n_el * 4);
+    uint16_t *k16 = malloc(kb), *v16 = malloc(kb), *ka = malloc(kb), *va = malloc(kb), *kf = malloc(kb),
+             *vf = malloc(kb);
+    int32_t pos[16], seq[16], slots[16], *bt = malloc((size_t)n_seqs * max_blocks * 4);
+    for (int i = 0; i < hd / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / hd);
+    for (int sq = 0; sq < n_seqs; sq++) /* block i of sequence sq: scrambled over the pool */
+        for (int i = 0; i < max_blocks; i++) bt[sq * max_blocks + i] = (n_blocks - 1 - i * n_seqs - sq + 7 * n_blocks) % n_blocks;
+    for (int t = 0; t < n; t++) {
+        pos[t] = ctx + 5 * t, seq[t] = t;
+        slots[t] = bt[t * max_blocks + pos[t] / bs] * bs + pos[t] % bs;
+    }
+    fill(x, n * stride, 1.0f);
+    fill(rows, n_el, 1.0f);
+    for (int64_t i = 0; i < n_el; i++) k16[i] = kn_f32_to_bf16(rows[i]);
+    fill(rows, n_el, 1.0f);
+    for (int64_t i = 0; i < n_el; i++) v16[i] = kn_f32_to_bf16(rows[i]);
+    float *dfreq = dev(inv_freq, sizeof inv_freq), *qn = NULL, *kn = NULL;
+    int32_t *dpos = dev(pos, sizeof pos), *dseq = dev(seq, sizeof seq), *dslots = dev(slots, sizeof slots);
+    int32_t *dbt = dev(bt, (size_t)n_seqs * max_blocks * 4);
+    const kn_rope_table rt = {.rot_dim = hd, .attn_scale = 1.0f, .inv_freq = dfreq};
+    if (with_norm) {
+        float *w = malloc((size_t)hd * 4);
+        fill(w, hd, 1.0f), qn = dev(w, (size_t)hd * 4);
+        fill(w, hd, 1.0f), kn = dev(w, (size_t)hd * 4);
+        free(w);
+    }
+    const float eps = 1e-6f;
+    int done = 0;
+    for (int fused = 0; fused < 2; fused++) {
+        float *dx = dev(x, xb), *dout = dev(NULL, ob);
+        kn_kv_layer kv = {.block_size = bs, .n_kv_heads = nkv, .head_dim = hd, .n_blocks = n_blocks,
+                          .k_fmt = KN_KVF_BF16, .v_fmt = KN_KVF_BF16};
+        kv.k = dev(k16, kb), kv.v = dev(v16, kb);
+        const float *dv = dx + (int64_t)(nq + nkv) * hd;
+        const kn_attention_args a = {.q = dx, .q_stride = stride, .out = dout, .n_tokens = n, .n_heads = nq,
+                                     .scale = 1.0f / sqrtf((float)hd), .window = window, .pos = dpos, .seq = dseq,
+                                     .block_tables = dbt, .max_blocks = max_blocks, .kv = &kv, .pos_host = pos,
+                                     .seq_host = seq, .compute_dtype = KN_DT_BF16};
+        const kn_rope_kv_args r = {dx, dv, stride, n, nq, nkv, hd, dpos, &rt, &kv, dslots, qn, kn, eps};
+        if (fused) {
+            done = be->vt->rope_kv_attention(be, &r, &a);
+        } else {
+            if (!(be->vt->rope_kv_write &&
+                  be->vt->rope_kv_write(be, dx, dv, stride, n, nq, nkv, hd, dpos, &rt, &kv, dslots, qn, kn, eps))) {
+                if (with_norm) {
+                    be->vt->rms_norm(be, dx, stride, dx, stride, n, nq, hd, qn, eps);
+                    be->vt->rms_norm(be, dx + (int64_t)nq * hd, stride, dx + (int64_t)nq * hd, stride, n, nkv, hd, kn, eps);
+                }
+                be->vt->rope(be, dx, stride, n, nq + nkv, hd, dpos, &rt);
+                be->vt->kv_write(be, &kv, dx + (int64_t)nq * hd, dv, stride, n, dslots);
+            }
+            be->vt->attention(be, &a);
+        }
+        back(fused ? of : oa, dout, ob); /* back() frees the device buffer */
+        back(fused ? kf : ka, kv.k, kb), back(fused ? vf : va, kv.v, kb);
+        kn_be_free(be, dx);
+        if (fused && !done) break;
+    }
+    if (done) {
+        double mx = 0;
+        for (int64_t i = 0; i < n * nq * hd; i++) mx = fabs(oa[i]) > mx ? fabs(oa[i]) : mx;
+        for (int64_t i = 0; i < n * nq * hd; i++)
+            if (!close_to(of[i], oa[i], mx, 2e-2)) {
+                CHECK(0, "rope_kv_attention seqs=%d q=%d kv=%d hd=%d ctx=%d window=%d norm=%d: out[%lld] %g, separate ops %g",
+                      n_seqs, nq, nkv, hd, ctx, window, with_norm, (long long)i, of[i], oa[i]);
+                break;
+            }
+        for (int64_t i = 0; i < n_el; i++) {
+            const int64_t slot = i / slot_w;
+            int fresh = 0;
+            for (int t = 0; t < n; t++) fresh |= slot == slots[t];
+            const float fk = kn_bf16_to_f32(kf[i]), ak = kn_bf16_to_f32(ka[i]);
+            const float fv = kn_bf16_to_f32(vf[i]), av = kn_bf16_to_f32(va[i]);
+            const int same = fresh ? close_to(fk, ak, 4.0, 2e-2) && fv == av : kf[i] == ka[i] && vf[i] == va[i];
+            if (!same) {
+                CHECK(0, "rope_kv_attention seqs=%d hd=%d norm=%d: cache slot %lld (%s) k %g / %g, v %g / %g", n_seqs, hd,
+                      with_norm, (long long)slot, fresh ? "new row" : "old row", fk, ak, fv, av);
+                break;
+            }
+        }
+    }
+    if (with_norm) kn_be_free(be, qn), kn_be_free(be, kn);
+    kn_be_free(be, dfreq), kn_be_free(be, dpos), kn_be_free(be, dseq), kn_be_free(be, dslots), kn_be_free(be, dbt);
+    free(x), free(oa), free(of), free(rows), free(k16), free(v16), free(ka), free(va), free(kf), free(vf), free(bt);
+}
+
 /* Two sequences with shuffled block tables; tokens of both in one call. */
 /* Queries: the last q0 positions of sequence 0 and the last 2 of sequence 1.
  * With host mirrors (q0 long enough) a backend may take its GEMM path, in
@@ -1392,6 +1499,10 @@ int main(void) {
     test_rope_kv_write(2, 4, 2, 128, 64, "bf16", 1);        /* partial rotary with norms: through x */
     test_rope_kv_write(2, 4, 2, 64, 64, "bf16", 1);
     test_rope_kv_write(1, 8, 2, 256, 256, "bf16", 1);
+    test_rope_kv_attention(1, 32, 4, 128, 150, 0, 1);  /* Qwen3-30B-A3B: q/k norms, GQA 8, splits */
+    test_rope_kv_attention(3, 32, 8, 128, 1030, 0, 0); /* Llama-3-8B: three sequences, longer context */
+    test_rope_kv_attention(2, 8, 2, 64, 40, 24, 1);    /* head dim 64, a window */
+    test_rope_kv_attention(1, 16, 1, 128, 7, 0, 0);    /* 16 heads on one KV head, a short context */
     int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}, {16, 2}};
     int hds[] = {64, 128, 256};
     for (size_t g = 0; g < 4; g++)

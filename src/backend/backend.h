@@ -122,6 +122,21 @@ typedef struct {
     float softcap; /* > 0: scores become softcap * tanh(scores / softcap) before the mask (gemma2); 0 = off */
 } kn_attention_args;
 
+/* The arguments of rope_kv_write (see there), gathered for
+ * rope_kv_attention */
+typedef struct {
+    float *qk;      /* [n_tokens, stride]: n_q_heads query heads, then n_kv_heads key heads */
+    const float *v; /* [n_tokens, stride] */
+    int64_t stride;
+    int n_tokens, n_q_heads, n_kv_heads, head_dim;
+    const int32_t *pos;
+    const kn_rope_table *rope;
+    const kn_kv_layer *kv;
+    const int32_t *slots;
+    const float *q_norm, *k_norm; /* both or neither */
+    float eps;
+} kn_rope_kv_args;
+
 /* Dense multi-head attention (whisper: encoder self-attention, cross-
  * attention, decoder self-attention over a contiguous cache). Query row i,
  * head h attends to key rows j in [0, n_kv), or j in [0, min(n_kv, q_pos0 + i
@@ -343,6 +358,15 @@ typedef struct kn_backend_vtbl {
     int (*mlp_swiglu_add)(kn_backend *be, const float *xn, int M, const float *norm_w, float eps,
                           const kn_weight *gate_up, const float *gate_up_bias, const kn_weight *down,
                           const float *down_bias, float *x);
+    /* optional (NULL or returns 0, having done nothing: callers run
+     * rope_kv_write, or its steps, then attention): rope_kv_write(r) and
+     * attention(a) in one pass, with the same results up to float rounding
+     * (the norms' and rotations' sums may run in another order). a->q is
+     * r->qk, a->kv is r->kv, and each query token is the only token of its
+     * sequence in the batch (the caller checks), so the one cached row a
+     * token reads that this step writes is its own. r->qk's query heads are
+     * left unspecified (rotated or not): callers do not read them after. */
+    int (*rope_kv_attention)(kn_backend *be, const kn_rope_kv_args *r, const kn_attention_args *a);
 } kn_backend_vtbl;
 
 enum { KN_EPI_NONE = 0, KN_EPI_SWIGLU = 1 };

@@ -157,6 +157,13 @@ static int p_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t st
     else drop(i);
     return done;
 }
+static int p_rope_kv_attention(kn_backend *be, const kn_rope_kv_args *r, const kn_attention_args *a) {
+    const int i = begin(be, "rope_kv_attention");
+    const int done = P.real->rope_kv_attention(be, r, a);
+    if (done) end(be, i);
+    else drop(i);
+    return done;
+}
 static void p_sync(kn_backend *be) {
     P.real->sync(be);
     harvest(be);
@@ -194,7 +201,7 @@ const kn_backend_vtbl *kn_profile_vtbl(const kn_backend_vtbl *real, const kn_pro
     SET(embed), SET(rms_norm), SET(layer_norm), SET(rope), SET(kv_write), SET(kv_convert), SET(swiglu), SET(gelu);
     SET(geglu), SET(add), SET(scale), SET(softcap), SET(mul_rows), SET(sigmoid_gate_add), SET(moe_route);
     SET(moe_ffn), SET(sample_rows), SET(argmax_rows), SET(gather_rows), SET(attention), SET(matmul), SET(matmul_add);
-    SET(fused_matmul), SET(mlp_swiglu_add), SET(rope_kv_write);
+    SET(fused_matmul), SET(mlp_swiglu_add), SET(rope_kv_write), SET(rope_kv_attention);
 #undef SET
     prof_vt.sync = p_sync, prof_vt.download = p_download, prof_vt.destroy = p_destroy;
     prof_vt.graph_replay = NULL, prof_vt.graph_begin = NULL, prof_vt.graph_end = NULL;

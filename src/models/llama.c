@@ -675,6 +675,14 @@ void kn_dec_norm_rows(kn_model *m, const float *x, float *out, int n, const floa
 }
 void kn_dec_residual_add(kn_model *m, float *y, const float *post_norm, int n) { residual_add(m, y, post_norm, n); }
 
+/* each token of b its sequence's only one (sequences in ascending order:
+ * other batches are not checked, and answer 0) */
+static int one_token_per_sequence(const kn_batch *b) {
+    for (int t = 1; t < b->n_tokens; t++)
+        if (b->seq[t] <= b->seq[t - 1]) return 0;
+    return b->n_tokens > 0;
+}
+
 /* Attention of layer l on in[n, H] (already pre-normed): q/k/v projection
  * (in NULL: m->qkv holds it already, e.g. fused with the norm), q/k/v norms, RoPE, K/V written to the layer's cache (unless KV-shared),
  * paged attention into m->attn [n, q_dim] (before o_proj). */
@@ -699,11 +707,25 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
     const int ns = m->kvl_stage ? m->n_staged : 0;
     const kn_kv_layer *kvw = ns == n ? &m->kvl_stage[l] : &m->kvl[l]; /* the one cache of an unsplit batch */
     int32_t *slots = L->in_ring ? m->d_slots_ring : m->d_slots;
+    kn_attention_args a = {
+        .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
+        .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
+        .pos = m->d_pos, .seq = m->d_seq, .block_tables = L->in_ring ? m->d_bt_ring : m->d_bt,
+        .max_blocks = m->max_blocks,
+        .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
+        .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
+    };
+    const int one_pass = c->layer_rope[l] && !m->rope_runs && !shared && L->q_dim == c->n_heads * hd;
+    const kn_rope_kv_args rk = {q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt, kvw, slots,
+                                head_norm ? L->q_norm : NULL, head_norm ? L->k_norm : NULL, eps};
+    /* per-head q/k norms, RoPE, the cache write and the attention in one
+     * pass where the backend has it (decode rows, one per sequence) */
+    if (one_pass && ns == 0 && op->rope_kv_attention && one_token_per_sequence(b) && op->rope_kv_attention(be, &rk, &a))
+        return;
     int roped = 0; /* per-head q/k norms, RoPE and the cache write in one pass, where the backend has it */
-    if (c->layer_rope[l] && !m->rope_runs && !shared && L->q_dim == c->n_heads * hd && op->rope_kv_write &&
-        (ns == 0 || ns == n))
-        roped = written = op->rope_kv_write(be, q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt, kvw, slots,
-                                            head_norm ? L->q_norm : NULL, head_norm ? L->k_norm : NULL, eps);
+    if (one_pass && op->rope_kv_write && (ns == 0 || ns == n))
+        roped = written = op->rope_kv_write(be, rk.qk, rk.v, rk.stride, n, rk.n_q_heads, rk.n_kv_heads, hd, rk.pos, rt,
+                                            kvw, slots, rk.q_norm, rk.k_norm, eps);
     if (!roped) { /* the same steps one op at a time */
         if (head_norm) {
             op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);
@@ -730,14 +752,6 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
         if (ns > 0) op->kv_write(be, &m->kvl_stage[l], k, v, qs, ns, slots);
         if (ns < n) op->kv_write(be, &m->kvl[l], k + (int64_t)ns * qs, v + (int64_t)ns * qs, qs, n - ns, slots + ns);
     }
-    kn_attention_args a = {
-        .q = q, .q_stride = qs, .out = m->attn, .n_tokens = n, .n_heads = c->n_heads,
-        .scale = (float)c->attn_scale, .window = c->layer_sliding[l] ? c->sliding_window : 0,
-        .pos = m->d_pos, .seq = m->d_seq, .block_tables = L->in_ring ? m->d_bt_ring : m->d_bt,
-        .max_blocks = m->max_blocks,
-        .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
-        .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
-    };
     if (ns > 0) { /* staged sequences' tokens against the staging views */
         kn_attention_args as = a;
         as.n_tokens = ns, as.kv = &m->kvl_stage[L->kv_source];

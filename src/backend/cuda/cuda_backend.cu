@@ -809,6 +809,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     cu_rope_kv_write,
     kn_cuda_log_mel,           /* cuda_mel.cu (cuFFT) */
     kn_cuda_mlp_swiglu_add,    /* cuda_gemm.cu */
+    kn_cuda_rope_kv_attention, /* cuda_kv.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

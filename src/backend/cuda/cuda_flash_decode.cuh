@@ -350,6 +350,19 @@ void kn_flash_decode_any(kn_backend *be, const kn_attention_args *a, int ni, int
  * at most 16 query heads per KV head, f planned with gb = the whole group (cuda_flash_decode_tc.cu); trans:
  * the transposed form where the group allows it (<= 8 heads); 0 when not
  * enqueued */
-int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans);
+/* rope_kv_write's work done by the tensor-core decode kernel itself
+ * (kn_cuda_rope_kv_attention): on = 0 for plain attention (the query heads
+ * come rotated and the cache holds the new rows) */
+typedef struct {
+    int on;
+    const float *v;        /* raw value rows, a->q_stride apart; key heads follow a->q's query heads */
+    const int32_t *slots;  /* the new rows' cache slots */
+    const float *inv_freq; /* [head_dim / 2]: full rotary */
+    float scale;           /* the table's attn_scale */
+    const float *qn, *kn;  /* per-head RMSNorm weights [head_dim], or NULL */
+    float eps;
+} kn_tc_rope;
+
+int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans, kn_tc_rope rk);
 
 #endif

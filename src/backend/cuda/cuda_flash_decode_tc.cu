@@ -67,11 +67,12 @@ __device__ __forceinline__ uint32_t tc_u32(__half2 h) { return *(uint32_t *)&h; 
  * written by earlier kernels only) */
 __device__ __forceinline__ uint4 tc_ld16(const uint8_t *p) { return __ldg((const uint4 *)p); }
 
-/* N 32-bit words of a row from p (16-byte aligned) into w, 16 bytes a load */
-template <int N> __device__ __forceinline__ void tc_ld_words(const uint8_t *p, uint32_t *w) {
+/* N 32-bit words of a row from p (16-byte aligned) into w, 16 bytes a load;
+ * CG: through the L2 (rows this kernel wrote: kn_tc_rope) */
+template <int N, bool CG = false> __device__ __forceinline__ void tc_ld_words(const uint8_t *p, uint32_t *w) {
 #pragma unroll
     for (int i = 0; i < N / 4; i++) {
-        const uint4 u = tc_ld16(p + 16 * i);
+        const uint4 u = CG ? __ldcg((const uint4 *)(p + 16 * i)) : tc_ld16(p + 16 * i);
         w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
     }
 }
@@ -104,9 +105,39 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 /* 3-bit code fields: bits 6k .. 6k + 2, k < 8 */
 #define TC_CODE_EVEN 0x1C71C71C71C7ull
 
+/* one head of HD floats at src, by one warp: RMS-normed with nw (if not
+ * NULL) and rotated by RoPE at position pos (pairs j, j + HD / 2), as
+ * k_rope_kv does (its sums in another order); lane l ends with dims
+ * l + 32 i in lo[i] and l + 32 i + HD / 2 in hi[i] */
+template <int HD>
+__device__ __forceinline__ void tc_rope_head(const float *src, const kn_tc_rope &rk, const float *nw, int pos, int lane,
+                                             float (&lo)[HD / 64], float (&hi)[HD / 64]) {
+    constexpr int PER = HD / 64, HALF = HD / 2;
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        lo[i] = src[lane + 32 * i], hi[i] = src[lane + 32 * i + HALF];
+        ss += lo[i] * lo[i] + hi[i] * hi[i];
+    }
+    if (nw) {
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float inv = 1.0f / sqrtf(ss / HD + rk.eps);
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            lo[i] = nw[lane + 32 * i] * (lo[i] * inv), hi[i] = nw[lane + 32 * i + HALF] * (hi[i] * inv);
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        float sn, cs;
+        sincosf((float)pos * rk.inv_freq[lane + 32 * i], &sn, &cs);
+        kn_rope_rotate(lo[i], hi[i], cs * rk.scale, sn * rk.scale);
+    }
+}
+
 template <int HD, bool CAP, bool CQ, bool TR>
 __global__ void __launch_bounds__(TC_WARPS * 32)
-    k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters, int prefetch) {
+    k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters, int prefetch,
+               kn_tc_rope rk) {
     constexpr int KT = HD / 16;   /* QK steps (16 dims each) */
     constexpr int NT = HD / 8;    /* PV n-tiles (8 dims each) */
     constexpr int QD = HD / 4;    /* dims of a key row per lane in QK */
@@ -153,6 +184,32 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
     }
     kn_pdl_wait();
+    if constexpr (!CQ && HD % 64 == 0) /* rope_kv_attention: the query heads into shared memory, rotated */
+        if (rk.on) {
+            const float *qk = a.q + (int64_t)t * a.q_stride;
+            for (int r = warp; r < G; r += TC_WARPS) {
+                float lo[HD / 64], hi[HD / 64];
+                tc_rope_head<HD>(qk + (int64_t)(h0 + r) * HD, rk, rk.qn, p, lane, lo, hi);
+#pragma unroll
+                for (int i = 0; i < HD / 64; i++) tsh[r * HD + lane + 32 * i] = lo[i], tsh[r * HD + lane + 32 * i + HD / 2] = hi[i];
+            }
+            if (warp == TC_WARPS - 1 && j0 <= p && p < j1) { /* the split holding p writes the token's new rows */
+                float lo[HD / 64], hi[HD / 64];
+                tc_rope_head<HD>(qk + (int64_t)(a.n_heads + kvh) * HD, rk, rk.kn, p, lane, lo, hi);
+                const int64_t at = ((int64_t)rk.slots[t] * nkv + kvh) * HD;
+                const float *vr = rk.v + (int64_t)t * a.q_stride + (int64_t)kvh * HD;
+                uint16_t *kc = (uint16_t *)kv.k + at, *vc = (uint16_t *)kv.v + at;
+#pragma unroll
+                for (int i = 0; i < HD / 64; i++) {
+                    const int j = lane + 32 * i;
+                    kc[j] = __bfloat16_as_ushort(__float2bfloat16(lo[i]));
+                    kc[j + HD / 2] = __bfloat16_as_ushort(__float2bfloat16(hi[i]));
+                    vc[j] = __bfloat16_as_ushort(__float2bfloat16(vr[j]));
+                    vc[j + HD / 2] = __bfloat16_as_ushort(__float2bfloat16(vr[j + HD / 2]));
+                }
+            }
+            __syncthreads(); /* q in shared memory; the new rows in the L2 for the block's loads (CG) */
+        }
     /* k8v3 scales q before rounding it to f16, so raw scores are already scaled */
     const float qs = CQ ? a.scale : 1.0f, ss = CQ ? 1.0f : a.scale;
     const float sl2 = ss * 1.4426950408889634f;
@@ -163,7 +220,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     uint32_t qa[KT][TR ? 2 : 4]; /* TR: the B fragment, head g (k indices as the keys' A fragment) */
     {
         const bool ra = g < G, rb = g + 8 < G;
-        const float *qra = a.q + (int64_t)t * a.q_stride + (int64_t)(h0 + g) * HD + tq * QD;
+        const float *qra = !CQ && rk.on ? tsh + g * HD + tq * QD /* rotated above */
+                                        : a.q + (int64_t)t * a.q_stride + (int64_t)(h0 + g) * HD + tq * QD;
         const float *qrb = qra + (int64_t)8 * HD;
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) { /* scalar loads: q rows need not be 16-byte aligned */
@@ -179,6 +237,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
             qa[kk][3] = rb ? tc_pack<CQ>(pb[2] * qs, pb[3] * qs) : 0u;
         }
     }
+    if (!CQ && rk.on) __syncthreads(); /* every warp's q fragments read before the warps meet in tsh */
     constexpr int OT = TR ? NT / 2 : NT; /* output tiles: TR m-tiles of 16 dims, else n-tiles of 8 */
     float o[OT][4], ol[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -217,6 +276,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                         r.kw[nt][2 * i] = u.x, r.kw[nt][2 * i + 1] = u.y;
                     }
                 }
+            } else if (rk.on) {
+                tc_ld_words<KW, true>(p + tq * QD * 2, r.kw[nt]);
             } else {
                 tc_ld_words<KW>(p + tq * QD * 2, r.kw[nt]);
             }
@@ -231,6 +292,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                 const uint32_t *w = (const uint32_t *)(p + (vo & ~3));
                 const uint32_t w0 = __ldg(w), w1 = v2w ? __ldg(w + 1) : 0u;
                 r.vc[rr] = (((uint64_t)w1 << 32) | w0) >> vsh;
+            } else if (rk.on) {
+                tc_ld_words<VW, true>(p + g * NT * 2, r.vw[rr]);
             } else {
                 tc_ld_words<VW>(p + g * NT * 2, r.vw[rr]);
             }
@@ -480,27 +543,31 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
 }
 
-template <int HD, bool CQ> static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr) {
+template <int HD, bool CQ>
+static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr, kn_tc_rope rk) {
     const dim3 grid((unsigned)a->n_tokens, (unsigned)a->kv->n_kv_heads, (unsigned)f.n_splits);
     size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
     if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                 /* the value table */
     const int cap = a->softcap > 0.0f;
-    static int prefetch = -1; /* KILN_ATTN_PREFETCH=0: no L2 prefetch of the first tile before the wait (A/B) */
-    if (prefetch < 0) prefetch = !(getenv("KILN_ATTN_PREFETCH") && !strcmp(getenv("KILN_ATTN_PREFETCH"), "0"));
-    void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *, int) =
+    /* KILN_ATTN_PREFETCH=1: the L2 prefetch of each warp's first tile before
+     * the wait (written 2026-12-05, not yet run on a GPU: off until measured) */
+    static int prefetch = -1;
+    if (prefetch < 0) prefetch = getenv("KILN_ATTN_PREFETCH") && !strcmp(getenv("KILN_ATTN_PREFETCH"), "1");
+    void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *, int, kn_tc_rope) =
         tr ? (cap ? k_flash_tc<HD, true, CQ, true> : k_flash_tc<HD, false, CQ, true>)
            : (cap ? k_flash_tc<HD, true, CQ, false> : k_flash_tc<HD, false, CQ, false>);
     kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters,
-                   prefetch);
+                   prefetch, rk);
 }
 
-int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans) {
+int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans, kn_tc_rope rk) {
     trans = trans && a->n_heads / a->kv->n_kv_heads <= 8;
     const int k8v3 = a->kv->k_fmt == KN_KVF_Q8A && a->kv->v_fmt == KN_KVF_TQV3;
     if (!k8v3 && !(a->kv->k_fmt == KN_KVF_BF16 && a->kv->v_fmt == KN_KVF_BF16)) return 0;
+    if (rk.on && k8v3) return 0; /* the rope prologue writes bf16 rows only */
     switch (a->kv->head_dim) {
-    case 64: k8v3 ? launch_tc<64, true>(be, a, f, trans) : launch_tc<64, false>(be, a, f, trans); return 1;
-    case 128: k8v3 ? launch_tc<128, true>(be, a, f, trans) : launch_tc<128, false>(be, a, f, trans); return 1;
+    case 64: k8v3 ? launch_tc<64, true>(be, a, f, trans, rk) : launch_tc<64, false>(be, a, f, trans, rk); return 1;
+    case 128: k8v3 ? launch_tc<128, true>(be, a, f, trans, rk) : launch_tc<128, false>(be, a, f, trans, rk); return 1;
     default: return 0;
     }
 }

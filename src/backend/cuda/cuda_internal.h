@@ -83,6 +83,8 @@ void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, con
 int kn_cuda_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q,
                           const int32_t *pos, const kn_rope_table *r, const kn_kv_layer *kv, const int32_t *slots);
 void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a);
+/* rope_kv_write + attention in the tensor-core decode kernel (cuda_kv.cu) */
+int kn_cuda_rope_kv_attention(kn_backend *be, const kn_rope_kv_args *r, const kn_attention_args *a);
 void kn_cuda_kv_gather(kn_backend *be, const kn_kv_layer *kv, const int32_t *bt, int k0, int ctx, void *kc, void *vc,
                        int elem);
 /* out[M,N] = x[M,K] . W^T (+ bias) through cuBLAS (tensor cores for

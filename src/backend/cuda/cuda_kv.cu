@@ -12,6 +12,7 @@
  * Invariants: head_dim <= 512 (rotated formats: 64/128/256/512), rows of
  * kn_kv_row_bytes(fmt, head_dim) bytes, block tables of int32. */
 #include <stdio.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_flash_decode.cuh"
 
@@ -275,10 +276,11 @@ static flash_plan plan_splits(kn_backend *be, const kn_attention_args *a, int ke
     return f;
 }
 
-void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
+/* the tensor-core decode kernel where it covers a's cache and shape (with
+ * rk.on, also rope_kv_write's work); 0: not launched */
+static int flash_decode_tc(kn_backend *be, const kn_attention_args *a, kn_tc_rope rk) {
     const kn_kv_layer *kv = a->kv;
     const int hd = kv->head_dim, G = a->n_heads / kv->n_kv_heads;
-    const int ni = (hd + 31) / 32;
     static int no_tc = -1; /* KILN_NO_TC_DECODE=1: the CUDA-core kernel for every cache (A/B runs) */
     if (no_tc < 0) no_tc = getenv("KILN_NO_TC_DECODE") != NULL;
     /* tensor cores: bf16 caches of bf16 models, k8v3 caches of bf16/f16 models */
@@ -310,9 +312,17 @@ void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
         const char *e = getenv("KILN_TC_MIN_SPLIT_KEYS");
         tc_min_split = e && atoi(e) >= 1 ? atoi(e) : KVF_TC_MIN_SPLIT_KEYS;
     }
-    if (!no_tc && (tc_bf16 || tc_k8v3) && tc_shape &&
-        kn_flash_decode_tc(be, a, plan_splits(be, a, keys, G, KVF_TC_WARP_KEYS, tc_per_sm, tc_min_split), tc_trans))
-        return;
+    return !no_tc && (tc_bf16 || tc_k8v3) && tc_shape &&
+           kn_flash_decode_tc(be, a, plan_splits(be, a, keys, G, KVF_TC_WARP_KEYS, tc_per_sm, tc_min_split), tc_trans,
+                              rk);
+}
+
+void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
+    if (flash_decode_tc(be, a, kn_tc_rope{0, NULL, NULL, NULL, 0.0f, NULL, NULL, 0.0f})) return;
+    const kn_kv_layer *kv = a->kv;
+    const int hd = kv->head_dim, G = a->n_heads / kv->n_kv_heads;
+    const int ni = (hd + 31) / 32;
+    const int keys = ctx_keys(a);
     int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
     if (ni > 8 && gb > 2) gb = 2;
     const flash_plan f = plan_splits(be, a, keys, gb, KVF_WARP_KEYS, 2, KVF_MIN_SPLIT_KEYS);
@@ -321,6 +331,24 @@ void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
                        kn_flash_decode_tq(be, a, ni, gb, f)))
         return;
     kn_flash_decode_any(be, a, ni, gb, f);
+}
+
+/* rope_kv_write(r) and attention(a) in one launch of the tensor-core
+ * decode kernel: bf16 caches of bf16 models, full rotary, each query token
+ * its sequence's only one (the caller checks). KILN_FUSED_ROPE_ATTN=1 turns
+ * it on (written 2026-12-05, not yet run on a GPU): it saves the RoPE +
+ * cache-write kernel and its programmatic-launch boundary per layer. */
+int kn_cuda_rope_kv_attention(kn_backend *be, const kn_rope_kv_args *r, const kn_attention_args *a) {
+    static int on = -1;
+    if (on < 0) on = getenv("KILN_FUSED_ROPE_ATTN") && !strcmp(getenv("KILN_FUSED_ROPE_ATTN"), "1");
+    const kn_kv_layer *kv = r->kv;
+    if (!on || r->n_tokens < 1 || a->n_tokens != r->n_tokens || a->q != r->qk || a->q_stride != r->stride ||
+        a->kv->k != kv->k || a->kv->v != kv->v || kv->k_fmt != KN_KVF_BF16 || kv->v_fmt != KN_KVF_BF16 ||
+        r->n_kv_heads != kv->n_kv_heads || r->head_dim != kv->head_dim || r->n_q_heads != a->n_heads ||
+        r->rope->rot_dim != r->head_dim || !r->q_norm != !r->k_norm)
+        return 0;
+    const kn_tc_rope rk = {1, r->v, r->slots, r->rope->inv_freq, r->rope->attn_scale, r->q_norm, r->k_norm, r->eps};
+    return flash_decode_tc(be, a, rk);
 }
 
 /* ---- prefill: dequantize one chunk for the GEMM path ----------------------------- */

@@ -567,6 +567,27 @@ done:
     free(x), free(orig);
 }
 
+/* per-head RMSNorm weights [hd] for q and k, random, in backend memory */
+static void random_head_norms(int hd, float **qn, float **kn) {
+    float *w = calloc((size_t)hd, 4);
+    fill(w, hd, 1.0f), *qn = dev(w, (size_t)hd * 4);
+    fill(w, hd, 1.0f), *kn = dev(w, (size_t)hd * 4);
+    free(w);
+}
+
+/* what rope_kv_write does, one op at a time: the heads' norms (with qn and
+ * kn), rope over the nq query and nkv key heads at x, the cache write */
+static void rope_kv_steps(float *x, const float *v, int64_t stride, int n, int nq, int nkv, int hd, const int32_t *pos,
+                          const kn_rope_table *rt, const kn_kv_layer *kv, const int32_t *slots, const float *qn,
+                          const float *kn, float eps) {
+    if (qn) {
+        be->vt->rms_norm(be, x, stride, x, stride, n, nq, hd, qn, eps);
+        be->vt->rms_norm(be, x + (int64_t)nq * hd, stride, x + (int64_t)nq * hd, stride, n, nkv, hd, kn, eps);
+    }
+    be->vt->rope(be, x, stride, n, nq + nkv, hd, pos, rt);
+    be->vt->kv_write(be, kv, x + (int64_t)nq * hd, v, stride, n, slots);
+}
+
 /* rope_kv_write (optional op) against rope followed by kv_write on the same
  * backend (with_norm: per-head q / k RMSNorm first, against rms_norm), into
  * a cache of format spec (a --kv string): the rotated q/k and the cache rows
@@ -594,12 +615,7 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
     int32_t *dpos = dev(pos, sizeof pos), *dslots = dev(slots, sizeof slots);
     kn_rope_table rt = {.rot_dim = rot_dim, .attn_scale = 1.0f, .inv_freq = dfreq};
     float *qn = NULL, *kn = NULL;
-    if (with_norm) {
-        float *w = malloc((size_t)hd * 4);
-        fill(w, hd, 1.0f), qn = dev(w, (size_t)hd * 4);
-        fill(w, hd, 1.0f), kn = dev(w, (size_t)hd * 4);
-        free(w);
-    }
+    if (with_norm) random_head_norms(hd, &qn, &kn);
     const float eps = 1e-6f;
     for (int fused = 0; fused < 2; fused++) {
         float *dx = dev(x, xb);
@@ -620,13 +636,7 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
         if (fused)
             done = be->vt->rope_kv_write(be, dx, dv, stride, n_tokens, nq, nkv, hd, dpos, &rt, &kv, dslots, qn, kn, eps);
         else {
-            if (with_norm) {
-                be->vt->rms_norm(be, dx, stride, dx, stride, n_tokens, nq, hd, qn, eps);
-                be->vt->rms_norm(be, dx + (int64_t)nq * hd, stride, dx + (int64_t)nq * hd, stride, n_tokens, nkv, hd, kn,
-                                 eps);
-            }
-            be->vt->rope(be, dx, stride, n_tokens, nq + nkv, hd, dpos, &rt);
-            be->vt->kv_write(be, &kv, dx + (int64_t)nq * hd, dv, stride, n_tokens, dslots);
+            rope_kv_steps(dx, dv, stride, n_tokens, nq, nkv, hd, dpos, &rt, &kv, dslots, qn, kn, eps);
         }
         back(fused ? xf : xa, dx, xb);
         back((fused ? cf : ca), kv.k, kb);
@@ -687,12 +697,7 @@ static void test_rope_kv_attention(int n_seqs, int nq, int nkv, int hd, int ctx,
     int32_t *dpos = dev(pos, sizeof pos), *dseq = dev(seq, sizeof seq), *dslots = dev(slots, sizeof slots);
     int32_t *dbt = dev(bt, (size_t)n_seqs * max_blocks * 4);
     const kn_rope_table rt = {.rot_dim = hd, .attn_scale = 1.0f, .inv_freq = dfreq};
-    if (with_norm) {
-        float *w = malloc((size_t)hd * 4);
-        fill(w, hd, 1.0f), qn = dev(w, (size_t)hd * 4);
-        fill(w, hd, 1.0f), kn = dev(w, (size_t)hd * 4);
-        free(w);
-    }
+    if (with_norm) random_head_norms(hd, &qn, &kn);
     const float eps = 1e-6f;
     int done = 0;
     for (int fused = 0; fused < 2; fused++) {
@@ -711,12 +716,7 @@ static void test_rope_kv_attention(int n_seqs, int nq, int nkv, int hd, int ctx,
         } else {
             if (!(be->vt->rope_kv_write &&
                   be->vt->rope_kv_write(be, dx, dv, stride, n, nq, nkv, hd, dpos, &rt, &kv, dslots, qn, kn, eps))) {
-                if (with_norm) {
-                    be->vt->rms_norm(be, dx, stride, dx, stride, n, nq, hd, qn, eps);
-                    be->vt->rms_norm(be, dx + (int64_t)nq * hd, stride, dx + (int64_t)nq * hd, stride, n, nkv, hd, kn, eps);
-                }
-                be->vt->rope(be, dx, stride, n, nq + nkv, hd, dpos, &rt);
-                be->vt->kv_write(be, &kv, dx + (int64_t)nq * hd, dv, stride, n, dslots);
+                rope_kv_steps(dx, dv, stride, n, nq, nkv, hd, dpos, &rt, &kv, dslots, qn, kn, eps);
             }
             be->vt->attention(be, &a);
         }

@@ -724,8 +724,8 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
         return;
     int roped = 0; /* per-head q/k norms, RoPE and the cache write in one pass, where the backend has it */
     if (one_pass && op->rope_kv_write && (ns == 0 || ns == n))
-        roped = written = op->rope_kv_write(be, rk.qk, rk.v, rk.stride, n, rk.n_q_heads, rk.n_kv_heads, hd, rk.pos, rt,
-                                            kvw, slots, rk.q_norm, rk.k_norm, eps);
+        roped = written = op->rope_kv_write(be, q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt, kvw, slots,
+                                            rk.q_norm, rk.k_norm, eps);
     if (!roped) { /* the same steps one op at a time */
         if (head_norm) {
             op->rms_norm(be, q, qs, q, qs, n, c->n_heads, hd, L->q_norm, eps);

@@ -544,15 +544,12 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 }
 
 template <int HD, bool CQ>
-static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr, kn_tc_rope rk) {
+static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int tr, int prefetch,
+                      kn_tc_rope rk) {
     const dim3 grid((unsigned)a->n_tokens, (unsigned)a->kv->n_kv_heads, (unsigned)f.n_splits);
     size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
     if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                 /* the value table */
     const int cap = a->softcap > 0.0f;
-    /* KILN_ATTN_PREFETCH=1: the L2 prefetch of each warp's first tile before
-     * the wait (written 2026-12-05, not yet run on a GPU: off until measured) */
-    static int prefetch = -1;
-    if (prefetch < 0) prefetch = getenv("KILN_ATTN_PREFETCH") && !strcmp(getenv("KILN_ATTN_PREFETCH"), "1");
     void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *, int, kn_tc_rope) =
         tr ? (cap ? k_flash_tc<HD, true, CQ, true> : k_flash_tc<HD, false, CQ, true>)
            : (cap ? k_flash_tc<HD, true, CQ, false> : k_flash_tc<HD, false, CQ, false>);
@@ -565,9 +562,15 @@ int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f,
     const int k8v3 = a->kv->k_fmt == KN_KVF_Q8A && a->kv->v_fmt == KN_KVF_TQV3;
     if (!k8v3 && !(a->kv->k_fmt == KN_KVF_BF16 && a->kv->v_fmt == KN_KVF_BF16)) return 0;
     if (rk.on && k8v3) return 0; /* the rope prologue writes bf16 rows only */
+    /* KILN_ATTN_PREFETCH=1: the L2 prefetch of each warp's first tile before
+     * the wait (written 2026-12-05, not yet run on a GPU: off until measured) */
+    static int pf = -1;
+    if (pf < 0) pf = getenv("KILN_ATTN_PREFETCH") && !strcmp(getenv("KILN_ATTN_PREFETCH"), "1");
     switch (a->kv->head_dim) {
-    case 64: k8v3 ? launch_tc<64, true>(be, a, f, trans, rk) : launch_tc<64, false>(be, a, f, trans, rk); return 1;
-    case 128: k8v3 ? launch_tc<128, true>(be, a, f, trans, rk) : launch_tc<128, false>(be, a, f, trans, rk); return 1;
+    case 64: k8v3 ? launch_tc<64, true>(be, a, f, trans, pf, rk) : launch_tc<64, false>(be, a, f, trans, pf, rk); return 1;
+    case 128:
+        k8v3 ? launch_tc<128, true>(be, a, f, trans, pf, rk) : launch_tc<128, false>(be, a, f, trans, pf, rk);
+        return 1;
     default: return 0;
     }
 }

@@ -186,26 +186,72 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     kn_pdl_wait();
     if constexpr (!CQ && HD % 64 == 0) /* rope_kv_attention: the query heads into shared memory, rotated */
         if (rk.on) {
+            /* heads r < G: query head h0 + r; r == G (the split holding p
+             * only): the token's key head, written to the cache with its
+             * value row. Warp w takes heads w, w + 4, ...: every load first,
+             * then the norms and rotations, so a warp waits for one round
+             * trip whatever its number of heads; the angles depend only on
+             * the dim, so each lane computes its own once. Same arithmetic
+             * as k_rope_kv (the norm's sum in another order). */
+            constexpr int PER = HD / 64, HALF = HD / 2, MAXH = (16 + 1 + TC_WARPS - 1) / TC_WARPS;
+            const int nh = G + (j0 <= p && p < j1);
             const float *qk = a.q + (int64_t)t * a.q_stride;
-            for (int r = warp; r < G; r += TC_WARPS) {
-                float lo[HD / 64], hi[HD / 64];
-                tc_rope_head<HD>(qk + (int64_t)(h0 + r) * HD, rk, rk.qn, p, lane, lo, hi);
+            const float *vr = rk.v + (int64_t)t * a.q_stride + (int64_t)kvh * HD;
+            float x[MAXH][2 * PER], vv[2 * PER], wq[2 * PER], wk[2 * PER], cs[PER], sn[PER];
 #pragma unroll
-                for (int i = 0; i < HD / 64; i++) tsh[r * HD + lane + 32 * i] = lo[i], tsh[r * HD + lane + 32 * i + HD / 2] = hi[i];
+            for (int u = 0; u < MAXH; u++) {
+                const int r = warp + TC_WARPS * u;
+                if (r >= nh) break;
+                const float *src = qk + (int64_t)(r < G ? h0 + r : a.n_heads + kvh) * HD;
+#pragma unroll
+                for (int i = 0; i < PER; i++) x[u][i] = src[lane + 32 * i], x[u][PER + i] = src[lane + 32 * i + HALF];
+                if (r == G)
+#pragma unroll
+                    for (int i = 0; i < PER; i++) vv[i] = vr[lane + 32 * i], vv[PER + i] = vr[lane + 32 * i + HALF];
             }
-            if (warp == TC_WARPS - 1 && j0 <= p && p < j1) { /* the split holding p writes the token's new rows */
-                float lo[HD / 64], hi[HD / 64];
-                tc_rope_head<HD>(qk + (int64_t)(a.n_heads + kvh) * HD, rk, rk.kn, p, lane, lo, hi);
+            if (rk.qn)
+#pragma unroll
+                for (int i = 0; i < PER; i++) {
+                    wq[i] = rk.qn[lane + 32 * i], wq[PER + i] = rk.qn[lane + 32 * i + HALF];
+                    wk[i] = rk.kn[lane + 32 * i], wk[PER + i] = rk.kn[lane + 32 * i + HALF];
+                }
+#pragma unroll
+            for (int i = 0; i < PER; i++) {
+                sincosf((float)p * rk.inv_freq[lane + 32 * i], &sn[i], &cs[i]);
+                cs[i] *= rk.scale, sn[i] *= rk.scale;
+            }
+#pragma unroll
+            for (int u = 0; u < MAXH; u++) {
+                const int r = warp + TC_WARPS * u;
+                if (r >= nh) break;
+                float d0[PER], d1[PER], ss = 0.0f;
+#pragma unroll
+                for (int i = 0; i < PER; i++) d0[i] = x[u][i], d1[i] = x[u][PER + i], ss += d0[i] * d0[i] + d1[i] * d1[i];
+                if (rk.qn) {
+                    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                    const float inv = 1.0f / sqrtf(ss / HD + rk.eps);
+#pragma unroll
+                    for (int i = 0; i < PER; i++) {
+                        d0[i] = (r < G ? wq[i] : wk[i]) * (d0[i] * inv);
+                        d1[i] = (r < G ? wq[PER + i] : wk[PER + i]) * (d1[i] * inv);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < PER; i++) kn_rope_rotate(d0[i], d1[i], cs[i], sn[i]);
+                if (r < G) {
+#pragma unroll
+                    for (int i = 0; i < PER; i++) tsh[r * HD + lane + 32 * i] = d0[i], tsh[r * HD + lane + 32 * i + HALF] = d1[i];
+                    continue;
+                }
                 const int64_t at = ((int64_t)rk.slots[t] * nkv + kvh) * HD;
-                const float *vr = rk.v + (int64_t)t * a.q_stride + (int64_t)kvh * HD;
                 uint16_t *kc = (uint16_t *)kv.k + at, *vc = (uint16_t *)kv.v + at;
 #pragma unroll
-                for (int i = 0; i < HD / 64; i++) {
+                for (int i = 0; i < PER; i++) {
                     const int j = lane + 32 * i;
-                    kc[j] = __bfloat16_as_ushort(__float2bfloat16(lo[i]));
-                    kc[j + HD / 2] = __bfloat16_as_ushort(__float2bfloat16(hi[i]));
-                    vc[j] = __bfloat16_as_ushort(__float2bfloat16(vr[j]));
-                    vc[j + HD / 2] = __bfloat16_as_ushort(__float2bfloat16(vr[j + HD / 2]));
+                    kc[j] = __bfloat16_as_ushort(__float2bfloat16(d0[i]));
+                    kc[j + HALF] = __bfloat16_as_ushort(__float2bfloat16(d1[i]));
+                    vc[j] = __bfloat16_as_ushort(__float2bfloat16(vv[i]));
+                    vc[j + HALF] = __bfloat16_as_ushort(__float2bfloat16(vv[PER + i]));
                 }
             }
             __syncthreads(); /* q in shared memory; the new rows in the L2 for the block's loads (CG) */

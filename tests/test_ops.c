@@ -656,7 +656,8 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
     free(x), free(xa), free(xf), free(ca), free(cf);
 }
 
-/* rope_kv_attention (optional op; CUDA with KILN_FUSED_ROPE_ATTN=1) against
+/* rope_kv_attention (optional op; CUDA, forced on for every group size with
+ * KILN_FUSED_ROPE_ATTN=1: by default only small groups take it) against
  * rope_kv_write (or its steps) followed by attention on the same backend:
  * n_seqs decode tokens, one per sequence, at positions ctx + 5 s over a
  * bf16 cache of random rows with scrambled block tables; bf16 compute. The
@@ -665,7 +666,7 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
  * bf16); every other cache row is untouched. */
 static void test_rope_kv_attention(int n_seqs, int nq, int nkv, int hd, int ctx, int window, int with_norm) {
     if (!be->vt->rope_kv_attention) return;
-    setenv("KILN_FUSED_ROPE_ATTN", "1", 0); /* off by default until measured on a GPU */
+    setenv("KILN_FUSED_ROPE_ATTN", "1", 0); /* every case, not only the groups the default picks */
     kn_kv_spec ks;
     kn_error err = {0};
     if (kn_kv_spec_parse("bf16", 0, &ks, &err)) {

@@ -608,10 +608,12 @@ int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f,
     const int k8v3 = a->kv->k_fmt == KN_KVF_Q8A && a->kv->v_fmt == KN_KVF_TQV3;
     if (!k8v3 && !(a->kv->k_fmt == KN_KVF_BF16 && a->kv->v_fmt == KN_KVF_BF16)) return 0;
     if (rk.on && k8v3) return 0; /* the rope prologue writes bf16 rows only */
-    /* KILN_ATTN_PREFETCH=1: the L2 prefetch of each warp's first tile before
-     * the wait (written 2026-12-05, not yet run on a GPU: off until measured) */
-    static int pf = -1;
-    if (pf < 0) pf = getenv("KILN_ATTN_PREFETCH") && !strcmp(getenv("KILN_ATTN_PREFETCH"), "1");
+    /* the L2 prefetch of each warp's first tile before the wait: bf16 caches
+     * of groups of KVF_TC_PREFETCH_MIN_GROUP heads or more (not measured on
+     * k8v3); KILN_ATTN_PREFETCH=1 / 0 forces it on / off (A/B runs) */
+    static int pf_env = -2;
+    if (pf_env == -2) pf_env = kvf_env_switch("KILN_ATTN_PREFETCH", -1);
+    const int pf = pf_env >= 0 ? pf_env : !k8v3 && a->n_heads / a->kv->n_kv_heads >= KVF_TC_PREFETCH_MIN_GROUP;
     switch (a->kv->head_dim) {
     case 64: k8v3 ? launch_tc<64, true>(be, a, f, trans, pf, rk) : launch_tc<64, false>(be, a, f, trans, pf, rk); return 1;
     case 128:

@@ -335,12 +335,15 @@ void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
 
 /* rope_kv_write(r) and attention(a) in one launch of the tensor-core
  * decode kernel: bf16 caches of bf16 models, full rotary, each query token
- * its sequence's only one (the caller checks). KILN_FUSED_ROPE_ATTN=1 turns
- * it on (written 2026-12-05, not yet run on a GPU): it saves the RoPE +
- * cache-write kernel and its programmatic-launch boundary per layer. */
+ * its sequence's only one (the caller checks). It saves the RoPE +
+ * cache-write kernel and its programmatic-launch boundary per layer, and
+ * costs each block the norms and rotations of its group's query heads: used
+ * for groups of at most KVF_TC_FUSED_ROPE_MAX_GROUP heads;
+ * KILN_FUSED_ROPE_ATTN=1 / 0 forces it on / off (tests, A/B runs). */
 int kn_cuda_rope_kv_attention(kn_backend *be, const kn_rope_kv_args *r, const kn_attention_args *a) {
-    static int on = -1;
-    if (on < 0) on = getenv("KILN_FUSED_ROPE_ATTN") && !strcmp(getenv("KILN_FUSED_ROPE_ATTN"), "1");
+    static int env = -2;
+    if (env == -2) env = kvf_env_switch("KILN_FUSED_ROPE_ATTN", -1);
+    const int on = env >= 0 ? env : r->n_kv_heads > 0 && r->n_q_heads / r->n_kv_heads <= KVF_TC_FUSED_ROPE_MAX_GROUP;
     const kn_kv_layer *kv = r->kv;
     if (!on || r->n_tokens < 1 || a->n_tokens != r->n_tokens || a->q != r->qk || a->q_stride != r->stride ||
         a->kv->k != kv->k || a->kv->v != kv->v || kv->k_fmt != KN_KVF_BF16 || kv->v_fmt != KN_KVF_BF16 ||

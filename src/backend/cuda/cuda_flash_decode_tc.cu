@@ -160,11 +160,10 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     /* Before the wait: the positions and block tables (uploaded before the
      * step's kernels and written by none, kn_attention_args), and an L2
      * prefetch of this warp's first `prefetch` tiles of cached rows (0: none),
-     * which earlier steps
-     * wrote (the newest row, which the kernel before writes, may come too: a
-     * prefetch only moves lines into the L2, where that write lands). The
-     * rows' DRAM round trip then overlaps the kernels before instead of
-     * following the wait. */
+     * which earlier steps wrote (the newest row, which the kernel before
+     * writes, may come too: a prefetch only moves lines into the L2, where
+     * that write lands). The rows' DRAM round trip then overlaps the kernels
+     * before instead of following the wait. */
     const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
     const int bs = kv.block_size, nkv = kv.n_kv_heads, G = a.n_heads / nkv, h0 = kvh * G;
     const uint8_t *K = (const uint8_t *)kv.k, *V = (const uint8_t *)kv.v;
@@ -607,9 +606,9 @@ int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f,
     const int k8v3 = a->kv->k_fmt == KN_KVF_Q8A && a->kv->v_fmt == KN_KVF_TQV3;
     if (!k8v3 && !(a->kv->k_fmt == KN_KVF_BF16 && a->kv->v_fmt == KN_KVF_BF16)) return 0;
     if (rk.on && k8v3) return 0; /* the rope prologue writes bf16 rows only */
-    /* the L2 prefetch of each warp's first tile before the wait: bf16 caches
-     * of groups of KVF_TC_PREFETCH_MIN_GROUP heads or more (not measured on
-     * k8v3); KILN_ATTN_PREFETCH=1 / 0 forces it on / off (A/B runs) */
+    /* the L2 prefetch of each warp's first tile(s) before the wait: bf16
+     * caches of groups of KVF_TC_PREFETCH_MIN_GROUP heads or more (not
+     * measured on k8v3); KILN_ATTN_PREFETCH=1 / 0 forces it on / off (A/B runs) */
     static int pf_env = -2, pf_tiles = 0;
     if (pf_env == -2) pf_env = kvf_env_switch("KILN_ATTN_PREFETCH", -1);
     if (!pf_tiles) { /* KILN_ATTN_PREFETCH_TILES=N: tiles a warp prefetches (default 1; more written

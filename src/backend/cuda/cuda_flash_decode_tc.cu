@@ -105,35 +105,6 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 /* 3-bit code fields: bits 6k .. 6k + 2, k < 8 */
 #define TC_CODE_EVEN 0x1C71C71C71C7ull
 
-/* one head of HD floats at src, by one warp: RMS-normed with nw (if not
- * NULL) and rotated by RoPE at position pos (pairs j, j + HD / 2), as
- * k_rope_kv does (its sums in another order); lane l ends with dims
- * l + 32 i in lo[i] and l + 32 i + HD / 2 in hi[i] */
-template <int HD>
-__device__ __forceinline__ void tc_rope_head(const float *src, const kn_tc_rope &rk, const float *nw, int pos, int lane,
-                                             float (&lo)[HD / 64], float (&hi)[HD / 64]) {
-    constexpr int PER = HD / 64, HALF = HD / 2;
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        lo[i] = src[lane + 32 * i], hi[i] = src[lane + 32 * i + HALF];
-        ss += lo[i] * lo[i] + hi[i] * hi[i];
-    }
-    if (nw) {
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        const float inv = 1.0f / sqrtf(ss / HD + rk.eps);
-#pragma unroll
-        for (int i = 0; i < PER; i++)
-            lo[i] = nw[lane + 32 * i] * (lo[i] * inv), hi[i] = nw[lane + 32 * i + HALF] * (hi[i] * inv);
-    }
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        float sn, cs;
-        sincosf((float)pos * rk.inv_freq[lane + 32 * i], &sn, &cs);
-        kn_rope_rotate(lo[i], hi[i], cs * rk.scale, sn * rk.scale);
-    }
-}
-
 template <int HD, bool CAP, bool CQ, bool TR>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters, int prefetch,

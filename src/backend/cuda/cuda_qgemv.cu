@@ -82,8 +82,8 @@ static size_t qg_smem_bytes(int M, int64_t K, int gs) {
  * chunks, stored in two planes K/2 apart (first halves, then second halves),
  * so lane j's 16-byte reads of piece j are contiguous across the warp and
  * free of bank conflicts. */
-template <int BITS>
-__device__ __forceinline__ int64_t qg_x_offset(int64_t k0, int64_t K) {
+template <int BITS, typename I>
+__device__ __forceinline__ I qg_x_offset(I k0, I K) {
     if (BITS == 8) return k0;
     return ((k0 >> 4) & 1) * (K / 2) + (k0 >> 5) * 16;
 }
@@ -244,7 +244,7 @@ __device__ __forceinline__ qg_smem qg_begin(void *base, const float *__restrict_
 /* sum over one 16-byte piece of codes of q * (256 h + l); x terms at xh / xl
  * (4-bit: the piece's second half `plane` bytes further) */
 template <int BITS>
-__device__ __forceinline__ int qg_piece_dot(uint4 w, const int8_t *xh, const int8_t *xl, int64_t plane) {
+__device__ __forceinline__ int qg_piece_dot(uint4 w, const int8_t *xh, const int8_t *xl, int plane) {
     const uint32_t wd[4] = {w.x, w.y, w.z, w.w};
     if (BITS == 4) { /* 32 codes; x words 2i (even elements) and 2i + 1 (odd) of 8 */
         const uint4 h0 = *(const uint4 *)xh, h1 = *(const uint4 *)(xh + plane);
@@ -526,36 +526,44 @@ __device__ __forceinline__ void qb_issue(const qg_stream &st, const qb_geom &gm,
     }
 }
 
-/* the warp's sums over chunk pos, read from its stage buffer */
-template <int BITS, int M>
+/* scale / bias raw bits as float, their format known at compile time */
+template <int SB>
+__device__ __forceinline__ float sb_val_t(uint32_t raw) {
+    if (SB == KN_DT_F32) return __uint_as_float(raw);
+    if (SB == KN_DT_BF16) return __uint_as_float(raw << 16);
+    return __half2float(__ushort_as_half((unsigned short)raw));
+}
+
+/* the warp's sums over chunk pos, read from its stage buffer; SB the scales'
+ * and biases' format. Offsets within a row (K codes) are 32-bit. */
+template <int BITS, int M, int SB>
 __device__ __forceinline__ void qb_compute(const qg_stream &st, const qb_geom &gm, qg_pos pos, int lane,
-                                           const uint8_t *buf, const qg_smem &s, int64_t K, float (*acc)[M]) {
-    constexpr int E = 128 / BITS;
-    const int64_t j0 = (int64_t)32 * QB_U * pos.i, g0 = (j0 * E) >> st.gshift;
-    const uint8_t *bsc = buf + qb_codes_bytes(), *bbi = bsc + QG_RW * gm.gc * gm.sbsz;
+                                           const uint8_t *buf, const qg_smem &s, int K, float (*acc)[M]) {
+    constexpr int E = 128 / BITS, SBSZ = SB == KN_DT_F32 ? 4 : 2;
+    const int P = (int)st.P, gshift = st.gshift, G = (int)st.G, gc = gm.gc;
+    const int j0 = 32 * QB_U * pos.i, g0 = (j0 * E) >> gshift;
+    const uint8_t *bsc = buf + qb_codes_bytes(), *bbi = bsc + QG_RW * gc * SBSZ;
 #pragma unroll
     for (int u = 0; u < QB_U; u++) {
-        const int jl = lane + 32 * u;
-        const int64_t j = j0 + jl;
-        if (j >= st.P) break;
-        const int64_t k0 = j * E, g = k0 >> st.gshift;
-        const int gl = (int)(g - g0);
+        const int jl = lane + 32 * u, j = j0 + jl;
+        if (j >= P) break;
+        const int k0 = j * E, g = k0 >> gshift, gl = g - g0;
         uint4 w[QG_RW];
         float sc[QG_RW], bi[QG_RW];
 #pragma unroll
         for (int r = 0; r < QG_RW; r++) {
             w[r] = *(const uint4 *)(buf + (r * 32 * QB_U + jl) * 16);
-            const int so = (r * gm.gc + gl) * gm.sbsz;
-            const uint32_t rs = gm.sbsz == 4 ? *(const uint32_t *)(bsc + so) : *(const unsigned short *)(bsc + so);
-            const uint32_t rb = gm.sbsz == 4 ? *(const uint32_t *)(bbi + so) : *(const unsigned short *)(bbi + so);
-            sc[r] = sb_val(rs, st.sbdt), bi[r] = sb_val(rb, st.sbdt);
+            const int so = (r * gc + gl) * SBSZ;
+            const uint32_t rs = SBSZ == 4 ? *(const uint32_t *)(bsc + so) : *(const unsigned short *)(bsc + so);
+            const uint32_t rb = SBSZ == 4 ? *(const uint32_t *)(bbi + so) : *(const unsigned short *)(bbi + so);
+            sc[r] = sb_val_t<SB>(rs), bi[r] = sb_val_t<SB>(rb);
         }
 #pragma unroll
         for (int m = 0; m < M; m++) {
-            const int64_t o = (int64_t)m * K + k0, ox = (int64_t)m * K + qg_x_offset<BITS>(k0, K);
-            const float d = s.xd[(int64_t)m * st.G + g];
-            float sx = s.xs[o / 16];
-            if (BITS == 4) sx += s.xs[o / 16 + 1];
+            const int o = m * K + k0, ox = m * K + qg_x_offset<BITS, int>(k0, K);
+            const float d = s.xd[m * G + g];
+            float sx = s.xs[o >> 4];
+            if (BITS == 4) sx += s.xs[(o >> 4) + 1];
 #pragma unroll
             for (int r = 0; r < QG_RW; r++) {
                 const int dot = qg_piece_dot<BITS>(w[r], s.xh + ox, s.xl + ox, K / 2);
@@ -567,7 +575,7 @@ __device__ __forceinline__ void qb_compute(const qg_stream &st, const qb_geom &g
 
 __host__ __device__ __forceinline__ size_t qb_align16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-template <int BITS, int M, int NORM, int EPI>
+template <int BITS, int M, int NORM, int EPI, int SB>
 __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 128 registers */
     k_qgemv_bulk(const float *__restrict__ x, const uint8_t *__restrict__ q, const uint8_t *__restrict__ scales,
                  const uint8_t *__restrict__ biases, int sbdt, qb_geom gm, int64_t N, int64_t K, int gs,
@@ -603,7 +611,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
     for (int64_t f = 0; f < total; f++) {
         uint8_t *buf = bufs + (size_t)stage * gm.stage_bytes;
         mbar_wait(bars + stage, parity);
-        qb_compute<BITS, M>(st, gm, p, lane, buf, s, K, acc);
+        qb_compute<BITS, M, SB>(st, gm, p, lane, buf, s, (int)K, acc);
         __syncwarp(); /* every lane is done with the buffer before it is refilled */
         if (f + S < total) {
             if (lane == 0) qb_issue<BITS, NR>(st, gm, pl, q, scales, biases, buf, bars + stage);
@@ -616,7 +624,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
 }
 
 /* 0 when the shape does not suit the bulk-copy kernel (k_qgemv runs instead) */
-template <int BITS, int M, int NORM, int EPI>
+template <int BITS, int M, int NORM, int EPI, int SB>
 static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias,
                              float *out, int accumulate, const float *norm_w, float eps) {
     constexpr int E = 128 / BITS, C = QG_RW / (EPI == KN_EPI_SWIGLU ? 2 : 1);
@@ -648,7 +656,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     gm.stages = S;
     static size_t smem_allowed = 0; /* per instantiation */
     if (smem > smem_allowed) {
-        if (cudaFuncSetAttribute(k_qgemv_bulk<BITS, M, NORM, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(k_qgemv_bulk<BITS, M, NORM, EPI, SB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)limit) != cudaSuccess) {
             cudaGetLastError();
             return 0;
@@ -658,7 +666,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     static int per_sm = 0;
     static size_t per_sm_smem = 0;
     if (!per_sm || per_sm_smem != smem) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv_bulk<BITS, M, NORM, EPI>, QG_WARPS * 32,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv_bulk<BITS, M, NORM, EPI, SB>, QG_WARPS * 32,
                                                           smem) != cudaSuccess || per_sm < 1) {
             cudaGetLastError();
             per_sm = 1;
@@ -668,7 +676,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     const int64_t sets = (N + C - 1) / C, want = (sets + QG_WARPS - 1) / QG_WARPS;
     const int64_t resident = (int64_t)per_sm * kn_cuda_sm_count(be);
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
-    return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
+    return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
                           (int)w->sb_dtype, gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps) == cudaSuccess;
 }
@@ -712,7 +720,13 @@ static int launch_qgemv(kn_backend *be, const float *x, const kn_weight *w, int6
                         int accumulate, const float *norm_w, float eps) {
     static int bulk = -1;
     if (bulk < 0) bulk = !getenv("KILN_QGEMV_NO_BULK"); /* A/B measurement */
-    if (bulk && launch_qgemv_bulk<BITS, M, NORM, EPI>(be, x, w, N, bias, out, accumulate, norm_w, eps)) return 1;
+    if (bulk) { /* the scales' format a template argument: no conversion branch per piece */
+        const int sb = w->sb_dtype;
+        if (sb == KN_DT_BF16 ? launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_BF16>(be, x, w, N, bias, out, accumulate, norm_w, eps)
+            : sb == KN_DT_F16 ? launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_F16>(be, x, w, N, bias, out, accumulate, norm_w, eps)
+                              : launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_F32>(be, x, w, N, bias, out, accumulate, norm_w, eps))
+            return 1;
+    }
     /* 2 pieces per row per chunk: 4 was slower on the H200 (1 block per SM by registers) */
     return launch_qgemv_u<BITS, M, NORM, EPI, 2>(be, x, w, N, bias, out, accumulate, norm_w, eps);
 }

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     }
     /* Before the wait: the positions and block tables (uploaded before the
      * step's kernels and written by none, kn_attention_args), and an L2
-     * prefetch of this warp's first `prefetch` tiles of cached rows (0: none),
+     * prefetch (when `prefetch`) of this warp's first tile of cached rows,
      * which earlier steps wrote (the newest row, which the kernel before
      * writes, may come too: a prefetch only moves lines into the L2, where
      * that write lands). The rows' DRAM round trip then overlaps the kernels
@@ -145,12 +145,14 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     const int j0 = lo + split * per, j1 = min(p + 1, j0 + per);
     const int bsh = __ffs(bs) - 1; /* block sizes are powers of two here (kn_cuda_flash_decode) */
     auto row_of = [&](int j) -> int64_t { return ((int64_t)bt[j >> bsh] * bs + (j & (bs - 1))) * nkv + kvh; };
-    /* lanes 0-15: key rows of the warp's first `prefetch` tiles, 16-31: value rows */
-    for (int i = 0, j = j0 + warp * TC_KEYS + (lane & 15); i < prefetch && j < j1; i++, j += TC_WARPS * TC_KEYS) {
-        const char *r = lane < 16 ? (const char *)K + row_of(j) * KB : (const char *)V + row_of(j) * VB;
-        const int64_t len = lane < 16 ? KB : VB;
-        for (int64_t o = 0; o < len; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(r + o));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(r + len - 1)); /* a row may straddle one more line */
+    if (prefetch) { /* lanes 0-15: key rows of the warp's first tile, 16-31: value rows */
+        const int j = j0 + warp * TC_KEYS + (lane & 15);
+        if (j < j1) {
+            const char *r = lane < 16 ? (const char *)K + row_of(j) * KB : (const char *)V + row_of(j) * VB;
+            const int64_t len = lane < 16 ? KB : VB;
+            for (int64_t o = 0; o < len; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(r + o));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(r + len - 1)); /* a row may straddle one more line */
+        }
     }
     kn_pdl_wait();
     if constexpr (!CQ && HD % 64 == 0) /* rope_kv_attention: the query heads into shared memory, rotated */
@@ -577,17 +579,12 @@ int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f,
     const int k8v3 = a->kv->k_fmt == KN_KVF_Q8A && a->kv->v_fmt == KN_KVF_TQV3;
     if (!k8v3 && !(a->kv->k_fmt == KN_KVF_BF16 && a->kv->v_fmt == KN_KVF_BF16)) return 0;
     if (rk.on && k8v3) return 0; /* the rope prologue writes bf16 rows only */
-    /* the L2 prefetch of each warp's first tile(s) before the wait: bf16
+    /* the L2 prefetch of each warp's first tile before the wait: bf16
      * caches of groups of KVF_TC_PREFETCH_MIN_GROUP heads or more (not
      * measured on k8v3); KILN_ATTN_PREFETCH=1 / 0 forces it on / off (A/B runs) */
-    static int pf_env = -2, pf_tiles = 0;
+    static int pf_env = -2;
     if (pf_env == -2) pf_env = kvf_env_switch("KILN_ATTN_PREFETCH", -1);
-    if (!pf_tiles) { /* KILN_ATTN_PREFETCH_TILES=N: tiles a warp prefetches (default 1; more written
-                      * 2026-12-05 for an A/B with unsplit short contexts, not yet run on a GPU) */
-        const char *e = getenv("KILN_ATTN_PREFETCH_TILES");
-        pf_tiles = e && atoi(e) >= 1 ? atoi(e) : 1;
-    }
-    const int pf = (pf_env >= 0 ? pf_env : !k8v3 && a->n_heads / a->kv->n_kv_heads >= KVF_TC_PREFETCH_MIN_GROUP) ? pf_tiles : 0;
+    const int pf = pf_env >= 0 ? pf_env : !k8v3 && a->n_heads / a->kv->n_kv_heads >= KVF_TC_PREFETCH_MIN_GROUP;
     switch (a->kv->head_dim) {
     case 64: k8v3 ? launch_tc<64, true>(be, a, f, trans, pf, rk) : launch_tc<64, false>(be, a, f, trans, pf, rk); return 1;
     case 128:

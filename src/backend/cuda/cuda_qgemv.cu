@@ -51,10 +51,14 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
 __device__ __forceinline__ uint32_t sb_raw(const void *p, int dt, int64_t i) {
     return dt == KN_DT_F32 ? __ldg((const uint32_t *)p + i) : (uint32_t)__ldg((const unsigned short *)p + i);
 }
-__device__ __forceinline__ float sb_val(uint32_t raw, int dt) {
-    if (dt == KN_DT_F32) return __uint_as_float(raw);
-    if (dt == KN_DT_BF16) return __uint_as_float(raw << 16);
+template <int SB> /* the format known at compile time (the bulk kernel) */
+__device__ __forceinline__ float sb_val_t(uint32_t raw) {
+    if (SB == KN_DT_F32) return __uint_as_float(raw);
+    if (SB == KN_DT_BF16) return __uint_as_float(raw << 16);
     return __half2float(__ushort_as_half((unsigned short)raw));
+}
+__device__ __forceinline__ float sb_val(uint32_t raw, int dt) {
+    return dt == KN_DT_F32 ? sb_val_t<KN_DT_F32>(raw) : dt == KN_DT_BF16 ? sb_val_t<KN_DT_BF16>(raw) : sb_val_t<KN_DT_F16>(raw);
 }
 
 /* Shared memory of one block, for M rows of x of K elements:
@@ -526,14 +530,6 @@ __device__ __forceinline__ void qb_issue(const qg_stream &st, const qb_geom &gm,
     }
 }
 
-/* scale / bias raw bits as float, their format known at compile time */
-template <int SB>
-__device__ __forceinline__ float sb_val_t(uint32_t raw) {
-    if (SB == KN_DT_F32) return __uint_as_float(raw);
-    if (SB == KN_DT_BF16) return __uint_as_float(raw << 16);
-    return __half2float(__ushort_as_half((unsigned short)raw));
-}
-
 /* the warp's sums over chunk pos, read from its stage buffer; SB the scales'
  * and biases' format. Offsets within a row (K codes) are 32-bit. */
 template <int BITS, int M, int SB>
@@ -578,14 +574,14 @@ __host__ __device__ __forceinline__ size_t qb_align16(size_t n) { return (n + 15
 template <int BITS, int M, int NORM, int EPI, int SB>
 __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 128 registers */
     k_qgemv_bulk(const float *__restrict__ x, const uint8_t *__restrict__ q, const uint8_t *__restrict__ scales,
-                 const uint8_t *__restrict__ biases, int sbdt, qb_geom gm, int64_t N, int64_t K, int gs,
+                 const uint8_t *__restrict__ biases, qb_geom gm, int64_t N, int64_t K, int gs,
                  const float *__restrict__ bias, float *__restrict__ out, int accumulate,
                  const float *__restrict__ norm_w, float eps) {
     extern __shared__ float4 qg_dyn[];
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t total;
-    const qg_stream st = qg_stream_of<BITS, C>(N, K, gs, sbdt, QB_U, warp, &total);
+    const qg_stream st = qg_stream_of<BITS, C>(N, K, gs, SB, QB_U, warp, &total);
     const int S = gm.stages;
 
     uint8_t *base = (uint8_t *)qg_dyn;
@@ -678,7 +674,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
     return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
-                          (int)w->sb_dtype, gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps) == cudaSuccess;
+                          gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps) == cudaSuccess;
 }
 
 template <int BITS, int M, int NORM, int EPI, int U>

@@ -501,32 +501,35 @@ __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t b
 }
 
 /* Shapes of one warp's stage: codes [QG_RW][32 * QB_U * 16 B], then scales
- * and biases [QG_RW][gc] each (gc groups of a full chunk, sbsz bytes each). */
+ * and biases [QG_RW][gc] each (gc groups of a full chunk, qb_sbsz<SB> bytes each). */
 struct qb_geom {
-    int sbsz, gc, stages;
+    int gc, stages;
     int stage_bytes; /* a multiple of 16 */
 };
 __host__ __device__ __forceinline__ int qb_codes_bytes() { return QG_RW * 32 * QB_U * 16; }
+template <int SB> /* bytes of one scale or bias */
+__host__ __device__ constexpr int qb_sbsz() { return SB == KN_DT_F32 ? 4 : 2; }
 
 /* lane 0: request chunk pos of the stream into stage buffer dst */
-template <int BITS, int NR>
+template <int BITS, int NR, int SB>
 __device__ __forceinline__ void qb_issue(const qg_stream &st, const qb_geom &gm, qg_pos pos, const uint8_t *q,
                                          const uint8_t *scales, const uint8_t *biases, uint8_t *dst, uint64_t *bar) {
     constexpr int C = QG_RW / NR, E = 128 / BITS;
     const int64_t j0 = (int64_t)32 * QB_U * pos.i;
     const int64_t pieces = st.P - j0 < 32 * QB_U ? st.P - j0 : 32 * QB_U;
     const int64_t g0 = (j0 * E) >> st.gshift, ng = (pieces * E) >> st.gshift;
-    const uint32_t cb = (uint32_t)(pieces * 16), sb = (uint32_t)(ng * gm.sbsz);
+    constexpr int SBSZ = qb_sbsz<SB>();
+    const uint32_t cb = (uint32_t)(pieces * 16), sb = (uint32_t)(ng * SBSZ);
     mbar_expect_tx(bar, QG_RW * (cb + 2 * sb));
-    uint8_t *dsc = dst + qb_codes_bytes(), *dbi = dsc + QG_RW * gm.gc * gm.sbsz;
+    uint8_t *dsc = dst + qb_codes_bytes(), *dbi = dsc + QG_RW * gm.gc * SBSZ;
 #pragma unroll
     for (int r = 0; r < QG_RW; r++) {
         const int64_t n = pos.set * C + r / NR < st.N ? pos.set * C + r / NR : st.N - 1; /* past N: read, dropped */
         const int64_t row = (r % NR) ? n + st.N : n;
         bulk_load(dst + r * 32 * QB_U * 16, q + (row * st.P + j0) * 16, cb, bar);
-        const int64_t so = (row * st.G + g0) * gm.sbsz;
-        bulk_load(dsc + r * gm.gc * gm.sbsz, scales + so, sb, bar);
-        bulk_load(dbi + r * gm.gc * gm.sbsz, biases + so, sb, bar);
+        const int64_t so = (row * st.G + g0) * SBSZ;
+        bulk_load(dsc + r * gm.gc * SBSZ, scales + so, sb, bar);
+        bulk_load(dbi + r * gm.gc * SBSZ, biases + so, sb, bar);
     }
 }
 
@@ -535,7 +538,7 @@ __device__ __forceinline__ void qb_issue(const qg_stream &st, const qb_geom &gm,
 template <int BITS, int M, int SB>
 __device__ __forceinline__ void qb_compute(const qg_stream &st, const qb_geom &gm, qg_pos pos, int lane,
                                            const uint8_t *buf, const qg_smem &s, int K, float (*acc)[M]) {
-    constexpr int E = 128 / BITS, SBSZ = SB == KN_DT_F32 ? 4 : 2;
+    constexpr int E = 128 / BITS, SBSZ = qb_sbsz<SB>();
     const int P = (int)st.P, gshift = st.gshift, G = (int)st.G, gc = gm.gc;
     const int j0 = 32 * QB_U * pos.i, g0 = (j0 * E) >> gshift;
     const uint8_t *bsc = buf + qb_codes_bytes(), *bbi = bsc + QG_RW * gc * SBSZ;
@@ -596,7 +599,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
     kn_pdl_trigger();
     qg_pos pl = {st.set0, 0}; /* the next chunk to request */
     for (int f = 0; f < S && f < total; f++) { /* weights only: before the wait */
-        if (lane == 0) qb_issue<BITS, NR>(st, gm, pl, q, scales, biases, bufs + (size_t)f * gm.stage_bytes, bars + f);
+        if (lane == 0) qb_issue<BITS, NR, SB>(st, gm, pl, q, scales, biases, bufs + (size_t)f * gm.stage_bytes, bars + f);
         pl = qg_next(st, pl);
     }
     float acc[QG_RW][M];
@@ -610,7 +613,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
         qb_compute<BITS, M, SB>(st, gm, p, lane, buf, s, (int)K, acc);
         __syncwarp(); /* every lane is done with the buffer before it is refilled */
         if (f + S < total) {
-            if (lane == 0) qb_issue<BITS, NR>(st, gm, pl, q, scales, biases, buf, bars + stage);
+            if (lane == 0) qb_issue<BITS, NR, SB>(st, gm, pl, q, scales, biases, buf, bars + stage);
             pl = qg_next(st, pl);
         }
         if (p.i == st.nch - 1) qg_finish_set<M, EPI>(st, p.set, lane, acc, bias, out, accumulate);
@@ -625,7 +628,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
                              float *out, int accumulate, const float *norm_w, float eps) {
     constexpr int E = 128 / BITS, C = QG_RW / (EPI == KN_EPI_SWIGLU ? 2 : 1);
     const int64_t K = w->cols, gs = w->group_size, G = K / gs;
-    const int sbsz = w->sb_dtype == KN_DT_F32 ? 4 : 2;
+    constexpr int sbsz = qb_sbsz<SB>();
     const int64_t chunk_codes = (int64_t)32 * QB_U * E, tail_codes = K % chunk_codes;
     /* every copy a whole number of 16-byte units at 16-byte aligned addresses */
     if (chunk_codes % gs || (chunk_codes / gs * sbsz) % 16 || (G * sbsz) % 16 || (tail_codes / gs * sbsz) % 16 ||
@@ -643,7 +646,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
      * Llama-3-8B decode: 2 stages 363-365 tok/s, 3 353-356, 4 353-355, 6-8 342) */
     const int S = 2;
     qb_geom gm;
-    gm.sbsz = sbsz, gm.gc = (int)(chunk_codes / gs);
+    gm.gc = (int)(chunk_codes / gs);
     gm.stage_bytes = (int)qb_align16((size_t)qb_codes_bytes() + 2 * (size_t)QG_RW * gm.gc * sbsz);
     const size_t xbytes = qb_align16(qg_smem_bytes(M, K, (int)gs)) + QG_WARPS * QB_MAX_STAGES * 8;
     const size_t limit = 226 << 10; /* the opt-in maximum (227 KB) less the kernel's static shared memory */

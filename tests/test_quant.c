@@ -240,7 +240,11 @@ static int write_dequantized(const char *qdir, const char *out, int gs) {
     return rc;
 }
 
-static void check_fixture(const char *name, int bits, int gs, const char *mixed, double kl_tol) {
+/* half_compute: the checkpoint's scales are 16-bit, so a backend may compute
+ * in that precision (CUDA's bf16 tensor-core attention; the CPU measured
+ * 2.8e-3 for llama_bf16), which the dequantized-f32 copy does not: that
+ * comparison is then held to 16-bit rounding rather than float rounding */
+static void check_fixture_h(const char *name, int bits, int gs, const char *mixed, double kl_tol, int half_compute) {
     char dir[1024], qdir[1024], ddir[1024], tmpl[] = "/tmp/kiln_quant_XXXXXX";
     snprintf(dir, sizeof dir, "%s/%s", kn_test_fixtures(), name);
     char *tmp = mkdtemp(tmpl);
@@ -311,7 +315,7 @@ static void check_fixture(const char *name, int bits, int gs, const char *mixed,
             }
             /* x in f32 (KILN_CPU_KERNELS=avx2 in test_quant_avx2, CUDA): float rounding; the VNNI kernels
              * carry x to 1/32512 of its group's max (quant_x_rel_error), measured 1.5e-4..2.7e-4 here */
-            const double bound = qm->be->quant_x_rel_error > 0 ? 5e-4 : 1e-4;
+            const double bound = half_compute ? 1e-2 : qm->be->quant_x_rel_error > 0 ? 5e-4 : 1e-4;
             CHECK(maxe <= bound * gscale, "%s %d-bit g%d: quantized vs dequantized-f32 max |d| %.3g > %g x %.3g", name,
                   bits, gs, maxe, bound, gscale);
             kn_model_close(dm);
@@ -335,6 +339,10 @@ static void check_fixture(const char *name, int bits, int gs, const char *mixed,
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     CHECK(system(cmd) == 0, "cleanup %s", tmp);
+}
+
+static void check_fixture(const char *name, int bits, int gs, const char *mixed, double kl_tol) {
+    check_fixture_h(name, bits, gs, mixed, kl_tol, 0);
 }
 
 /* The qwen3_moe fixture with its experts widened to an intermediate size of
@@ -468,6 +476,8 @@ int main(void) {
     check_fixture("llama", 6, 64, NULL, 1e-2);
     check_fixture("qwen3", 4, 64, "mixed_3_6", 0.3);
     check_fixture("llama", 4, 64, "mixed_4_6", 5e-2);
+    /* bf16 weights: bf16 scales and biases, as mlx-community checkpoints have them (CUDA: bf16 attention) */
+    check_fixture_h("llama_bf16", 4, 64, NULL, 5e-2, 1);
     /* MoE: per-expert weights written as mlx-lm's switch_mlp stacks (quantized where the columns split into
      * groups: gate/up here, down stays a float stack at these tiny widths) */
     check_fixture("qwen3_moe", 8, 32, NULL, 2e-3);

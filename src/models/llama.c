@@ -713,7 +713,9 @@ void kn_dec_attention(kn_model *m, const kn_batch *b, int l, const float *in) {
         .pos = m->d_pos, .seq = m->d_seq, .block_tables = L->in_ring ? m->d_bt_ring : m->d_bt,
         .max_blocks = m->max_blocks,
         .kv = &m->kvl[L->kv_source], .softcap = (float)c->attn_softcap, .pos_host = b->pos, .seq_host = b->seq,
-        .compute_dtype = L->qkv.bits ? KN_DT_F32 : L->qkv.dtype,
+        /* quantized weights: the dtype of their scales, as MLX computes (bf16
+         * scales: bf16 attention, the tensor-core kernels; f32 scales: exact) */
+        .compute_dtype = L->qkv.bits ? L->qkv.sb_dtype : L->qkv.dtype,
     };
     const int one_pass = c->layer_rope[l] && !m->rope_runs && !shared && L->q_dim == c->n_heads * hd;
     const kn_rope_kv_args rk = {q, v, qs, n, c->n_heads, L->n_kv_heads, hd, m->d_pos, rt, kvw, slots,

@@ -533,19 +533,20 @@ __device__ __forceinline__ void qb_issue(const qg_stream &st, const qb_geom &gm,
     }
 }
 
-/* the warp's sums over chunk pos, read from its stage buffer; SB the scales'
- * and biases' format. Offsets within a row (K codes) are 32-bit. */
-template <int BITS, int M, int SB>
-__device__ __forceinline__ void qb_compute(const qg_stream &st, const qb_geom &gm, qg_pos pos, int lane,
-                                           const uint8_t *buf, const qg_smem &s, int K, float (*acc)[M]) {
+/* the warp's sums over pieces j0 + lane + 32 u (u < QB_U) of its stage
+ * buffer; FULL: every piece is inside the row (no bound check between them,
+ * so the shared-memory loads of all QB_U pieces can be issued together) */
+template <int BITS, int M, int SB, bool FULL>
+__device__ __forceinline__ void qb_pieces(const qg_stream &st, const qb_geom &gm, int j0, int lane, const uint8_t *buf,
+                                          const qg_smem &s, int K, float (*acc)[M]) {
     constexpr int E = 128 / BITS, SBSZ = qb_sbsz<SB>();
     const int P = (int)st.P, gshift = st.gshift, G = (int)st.G, gc = gm.gc;
-    const int j0 = 32 * QB_U * pos.i, g0 = (j0 * E) >> gshift;
+    const int g0 = (j0 * E) >> gshift;
     const uint8_t *bsc = buf + qb_codes_bytes(), *bbi = bsc + QG_RW * gc * SBSZ;
 #pragma unroll
     for (int u = 0; u < QB_U; u++) {
         const int jl = lane + 32 * u, j = j0 + jl;
-        if (j >= P) break;
+        if (!FULL && j >= P) break;
         const int k0 = j * E, g = k0 >> gshift, gl = g - g0;
         uint4 w[QG_RW];
         float sc[QG_RW], bi[QG_RW];
@@ -570,6 +571,16 @@ __device__ __forceinline__ void qb_compute(const qg_stream &st, const qb_geom &g
             }
         }
     }
+}
+
+/* the warp's sums over chunk pos, read from its stage buffer; SB the scales'
+ * and biases' format. Offsets within a row (K codes) are 32-bit. */
+template <int BITS, int M, int SB>
+__device__ __forceinline__ void qb_compute(const qg_stream &st, const qb_geom &gm, qg_pos pos, int lane,
+                                           const uint8_t *buf, const qg_smem &s, int K, float (*acc)[M]) {
+    const int j0 = 32 * QB_U * pos.i;
+    if (j0 + 32 * QB_U <= (int)st.P) qb_pieces<BITS, M, SB, true>(st, gm, j0, lane, buf, s, K, acc);
+    else qb_pieces<BITS, M, SB, false>(st, gm, j0, lane, buf, s, K, acc);
 }
 
 __host__ __device__ __forceinline__ size_t qb_align16(size_t n) { return (n + 15) & ~(size_t)15; }

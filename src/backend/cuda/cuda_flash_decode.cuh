@@ -379,6 +379,7 @@ typedef struct {
     float scale;           /* the table's attn_scale */
     const float *qn, *kn;  /* per-head RMSNorm weights [head_dim], or NULL */
     float eps;
+    int preload;           /* each warp's first tile of cached rows loaded before the programmatic wait */
 } kn_tc_rope;
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans, kn_tc_rope rk);

@@ -39,6 +39,14 @@
  * normalized output, otherwise its (m, l, acc) partial, and the split's last
  * block merges them (merge_splits, as the CUDA-core kernel).
  *
+ * With the RoPE prologue (rope_kv_attention: one token per sequence), the
+ * row form's warps load their first tile of cached rows into registers
+ * before the programmatic wait (PRE): rows below the token's position were
+ * written by earlier steps; the tile holding the new row is loaded again
+ * after the prologue has written it. At short contexts a warp has one tile,
+ * so its only dependent load after the wait is the query (H100, 4-bit
+ * Llama-3-8B at 128-256 tokens: +4.6%; KILN_ATTN_PRELOAD=0 turns it off).
+ *
  * Numerics: bf16 caches round q and the probabilities to bf16 (as the flash
  * prefill kernel does), k8v3 rounds q, the decoded rows and the
  * probabilities to f16; products and sums are f32. f32 compute (f32 models)
@@ -105,7 +113,7 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 /* 3-bit code fields: bits 6k .. 6k + 2, k < 8 */
 #define TC_CODE_EVEN 0x1C71C71C71C7ull
 
-template <int HD, bool CAP, bool CQ, bool TR>
+template <int HD, bool CAP, bool CQ, bool TR, bool PRE>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters, int prefetch,
                kn_tc_rope rk) {
@@ -145,8 +153,74 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     const int j0 = lo + split * per, j1 = min(p + 1, j0 + per);
     const int bsh = __ffs(bs) - 1; /* block sizes are powers of two here (kn_cuda_flash_decode) */
     auto row_of = [&](int j) -> int64_t { return ((int64_t)bt[j >> bsh] * bs + (j & (bs - 1))) * nkv + kvh; };
-    if (prefetch) { /* lanes 0-15: key rows of the warp's first tile, 16-31: value rows */
-        const int j = j0 + warp * TC_KEYS + (lane & 15);
+    /* k8v3 value codes of this lane: bytes [vo, vo + 3 NT / 8) of a row (after
+     * the scales), read as one or two aligned words */
+    constexpr int VNB = 3 * NT / 8;
+    const int vo = 2 * NG + g * VNB, vsh = 8 * (vo & 3);
+    const bool v2w = (vo & 3) + VNB > 4;
+    const uint32_t lane4 = (uint32_t)lane << 2;
+
+    /* a tile's raw rows: loaded (load) before they are decoded and used (step) */
+    struct raw_tile {
+        uint32_t kw[2][CQ ? CW : KW], vw[4][CQ ? 1 : VW];
+        uint16_t ks[2], kz[2], vs[4];
+        uint64_t vc[4];
+    };
+    auto load = [&](int jt, raw_tile &r) {
+        /* loads: key rows jt + g, jt + 8 + g (this lane's quarter) and value
+         * rows jt + 2tq, +1, +8, +9 (dims g NT ..); past j1: row jt, masked */
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const int j = jt + nt * 8 + g < j1 ? jt + nt * 8 + g : jt;
+            const uint8_t *p = K + row_of(j) * KB;
+            if constexpr (CQ) {
+                const int grp = tq * QD / 32;
+                r.ks[nt] = __ldg((const unsigned short *)p + grp), r.kz[nt] = __ldg((const unsigned short *)p + NG + grp);
+                p += 4 * NG + tq * QD;
+                if constexpr (KB % 16 == 0) {
+                    tc_ld_words<CW>(p, r.kw[nt]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < CW / 2; i++) {
+                        const uint2 u = __ldg((const uint2 *)(p + 8 * i));
+                        r.kw[nt][2 * i] = u.x, r.kw[nt][2 * i + 1] = u.y;
+                    }
+                }
+            } else if (rk.on) {
+                tc_ld_words<KW, true>(p + tq * QD * 2, r.kw[nt]);
+            } else {
+                tc_ld_words<KW>(p + tq * QD * 2, r.kw[nt]);
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < 4; rr++) {
+            const int jr = jt + 2 * tq + (rr & 1) + (rr >> 1) * 8;
+            const int j = jr < j1 ? jr : jt;
+            const uint8_t *p = V + row_of(j) * VB;
+            if constexpr (CQ) {
+                r.vs[rr] = __ldg((const unsigned short *)p + g * NT / 32);
+                const uint32_t *w = (const uint32_t *)(p + (vo & ~3));
+                const uint32_t w0 = __ldg(w), w1 = v2w ? __ldg(w + 1) : 0u;
+                r.vc[rr] = (((uint64_t)w1 << 32) | w0) >> vsh;
+            } else if (rk.on) {
+                tc_ld_words<VW, true>(p + g * NT * 2, r.vw[rr]);
+            } else {
+                tc_ld_words<VW>(p + g * NT * 2, r.vw[rr]);
+            }
+        }
+    };
+    const int jstep = TC_WARPS * TC_KEYS;
+    int jt = j0 + warp * TC_KEYS;
+    /* rope_kv_attention (bf16): the warp's first tile of cached rows loaded
+     * into registers before the wait. Rows below p are final (the caller
+     * gives each sequence one token, and earlier steps wrote them); the tile
+     * holding p, which this kernel writes, is loaded again after the
+     * prologue. */
+    const bool preload = PRE && jt < j1; /* PRE: bf16 rows, rk.on, the row form (launch_tc) */
+    raw_tile r0;
+    if (preload) load(jt, r0);
+    if (prefetch) { /* lanes 0-15: key rows of the warp's first tile (preload: its second), 16-31: value rows */
+        const int j = jt + (preload ? jstep : 0) + (lane & 15);
         if (j < j1) {
             const char *r = lane < 16 ? (const char *)K + row_of(j) * KB : (const char *)V + row_of(j) * VB;
             const int64_t len = lane < 16 ? KB : VB;
@@ -260,62 +334,6 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 #pragma unroll
     for (int i = 0; i < OT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float ma = -INFINITY, mb = -INFINITY; /* raw-score running max of heads g, g + 8 (TR: 2tq, 2tq + 1) */
-    /* k8v3 value codes of this lane: bytes [vo, vo + 3 NT / 8) of a row (after
-     * the scales), read as one or two aligned words */
-    constexpr int VNB = 3 * NT / 8;
-    const int vo = 2 * NG + g * VNB, vsh = 8 * (vo & 3);
-    const bool v2w = (vo & 3) + VNB > 4;
-    const uint32_t lane4 = (uint32_t)lane << 2;
-
-    /* a tile's raw rows: loaded (load) before they are decoded and used (step) */
-    struct raw_tile {
-        uint32_t kw[2][CQ ? CW : KW], vw[4][CQ ? 1 : VW];
-        uint16_t ks[2], kz[2], vs[4];
-        uint64_t vc[4];
-    };
-    auto load = [&](int jt, raw_tile &r) {
-        /* loads: key rows jt + g, jt + 8 + g (this lane's quarter) and value
-         * rows jt + 2tq, +1, +8, +9 (dims g NT ..); past j1: row jt, masked */
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            const int j = jt + nt * 8 + g < j1 ? jt + nt * 8 + g : jt;
-            const uint8_t *p = K + row_of(j) * KB;
-            if constexpr (CQ) {
-                const int grp = tq * QD / 32;
-                r.ks[nt] = __ldg((const unsigned short *)p + grp), r.kz[nt] = __ldg((const unsigned short *)p + NG + grp);
-                p += 4 * NG + tq * QD;
-                if constexpr (KB % 16 == 0) {
-                    tc_ld_words<CW>(p, r.kw[nt]);
-                } else {
-#pragma unroll
-                    for (int i = 0; i < CW / 2; i++) {
-                        const uint2 u = __ldg((const uint2 *)(p + 8 * i));
-                        r.kw[nt][2 * i] = u.x, r.kw[nt][2 * i + 1] = u.y;
-                    }
-                }
-            } else if (rk.on) {
-                tc_ld_words<KW, true>(p + tq * QD * 2, r.kw[nt]);
-            } else {
-                tc_ld_words<KW>(p + tq * QD * 2, r.kw[nt]);
-            }
-        }
-#pragma unroll
-        for (int rr = 0; rr < 4; rr++) {
-            const int jr = jt + 2 * tq + (rr & 1) + (rr >> 1) * 8;
-            const int j = jr < j1 ? jr : jt;
-            const uint8_t *p = V + row_of(j) * VB;
-            if constexpr (CQ) {
-                r.vs[rr] = __ldg((const unsigned short *)p + g * NT / 32);
-                const uint32_t *w = (const uint32_t *)(p + (vo & ~3));
-                const uint32_t w0 = __ldg(w), w1 = v2w ? __ldg(w + 1) : 0u;
-                r.vc[rr] = (((uint64_t)w1 << 32) | w0) >> vsh;
-            } else if (rk.on) {
-                tc_ld_words<VW, true>(p + g * NT * 2, r.vw[rr]);
-            } else {
-                tc_ld_words<VW>(p + g * NT * 2, r.vw[rr]);
-            }
-        }
-    };
     /* k8v3 values: the two rows' codes interleaved: field k of xe[pr] is
      * (code 2k of row 2pr, code 2k of row 2pr + 1), of xo[pr] codes 2k + 1;
      * shifted so that a field lands on the table's word index */
@@ -475,8 +493,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
      * loads in flight while it decodes and multiplies the current one (a
      * third tile in flight, 234 registers, measured slower: docs/PERF.md
      * 2026-12-05); a bf16 tile is large enough alone */
-    const int jstep = TC_WARPS * TC_KEYS;
-    int jt = j0 + warp * TC_KEYS;
+    if (preload) {
+        if (jt <= p && p < jt + TC_KEYS) load(jt, r0); /* the row this kernel wrote */
+        step(jt, r0);
+        jt += jstep;
+    }
     if constexpr (CQ) { /* two buffers in turn (no copies) */
         raw_tile ra, rb;
         if (jt < j1) load(jt, ra);
@@ -567,9 +588,14 @@ static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, 
     size_t smem = (size_t)TC_WARPS * 16 * (2 + HD) * sizeof(float); /* 33 KB at head_dim 128 */
     if (CQ && smem < 64 * 32 * 4) smem = 64 * 32 * 4;                 /* the value table */
     const int cap = a->softcap > 0.0f;
+    /* the preloading row form holds a tile more across the prologue (~40
+     * registers): its own instantiation, so the other forms keep their
+     * occupancy */
+    const bool pre = !CQ && !tr && rk.on && rk.preload;
     void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *, int, kn_tc_rope) =
-        tr ? (cap ? k_flash_tc<HD, true, CQ, true> : k_flash_tc<HD, false, CQ, true>)
-           : (cap ? k_flash_tc<HD, true, CQ, false> : k_flash_tc<HD, false, CQ, false>);
+        tr    ? (cap ? k_flash_tc<HD, true, CQ, true, false> : k_flash_tc<HD, false, CQ, true, false>)
+        : pre ? (cap ? k_flash_tc<HD, true, CQ, false, !CQ> : k_flash_tc<HD, false, CQ, false, !CQ>)
+              : (cap ? k_flash_tc<HD, true, CQ, false, false> : k_flash_tc<HD, false, CQ, false, false>);
     kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters,
                    prefetch, rk);
 }

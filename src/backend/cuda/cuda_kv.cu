@@ -318,7 +318,7 @@ static int flash_decode_tc(kn_backend *be, const kn_attention_args *a, kn_tc_rop
 }
 
 void kn_cuda_flash_decode(kn_backend *be, const kn_attention_args *a) {
-    if (flash_decode_tc(be, a, kn_tc_rope{0, NULL, NULL, NULL, 0.0f, NULL, NULL, 0.0f})) return;
+    if (flash_decode_tc(be, a, kn_tc_rope{0, NULL, NULL, NULL, 0.0f, NULL, NULL, 0.0f, 0})) return;
     const kn_kv_layer *kv = a->kv;
     const int hd = kv->head_dim, G = a->n_heads / kv->n_kv_heads;
     const int ni = (hd + 31) / 32;
@@ -350,7 +350,10 @@ int kn_cuda_rope_kv_attention(kn_backend *be, const kn_rope_kv_args *r, const kn
         r->n_kv_heads != kv->n_kv_heads || r->head_dim != kv->head_dim || r->n_q_heads != a->n_heads ||
         r->rope->rot_dim != r->head_dim || !r->q_norm != !r->k_norm)
         return 0;
-    const kn_tc_rope rk = {1, r->v, r->slots, r->rope->inv_freq, r->rope->attn_scale, r->q_norm, r->k_norm, r->eps};
+    static int preload = -2; /* KILN_ATTN_PRELOAD=0 / 1 (A/B runs) */
+    if (preload == -2) preload = kvf_env_switch("KILN_ATTN_PRELOAD", 1);
+    const kn_tc_rope rk = {1, r->v, r->slots, r->rope->inv_freq, r->rope->attn_scale, r->q_norm, r->k_norm, r->eps,
+                           preload};
     return flash_decode_tc(be, a, rk);
 }
 

@@ -40,14 +40,16 @@
 #define KVF_TC_WARP_KEYS 256 /* the tensor-core kernel walks 16 keys a step: longer runs per warp, fewer splits */
 #define KVF_TC_TRANS_KEYS 8192 /* context bucket from which groups <= 8 take the transposed tensor-core form */
 /* Per-group-size defaults of the tensor-core decode kernel (bf16 caches),
- * from alternated runs on an H100 (docs/PERF.md, twentieth session):
+ * from alternated runs on an H100 (docs/PERF.md, twentieth and
+ *   twenty-second sessions):
  *   the fused RoPE prologue (rope_kv_attention) where a group has at most
- *   this many query heads: Llama-3-8B (4 heads a KV head, 1k) +1.9%,
- *   Qwen3-30B-A3B (8 heads with q/k norms, 128 + 128) -1.6% (each block
- *   norms and rotates all its group's heads: ~300 more instructions a warp);
+ *   this many query heads: Llama-3-8B (4 heads a KV head, 1k) +1.9%;
+ *   Qwen3-30B-A3B (8 heads with q/k norms, 128 + 128) -1.6% before the
+ *   fused kernel loaded its first tile before the wait, +3.7% (bf16) and
+ *   +3.1% (4-bit) with it; 16 not measured;
  *   the L2 prefetch of each warp's first tile before the programmatic wait
  *   from this many: Qwen3-30B-A3B +0.5%, Llama-3-8B -0.35% */
-#define KVF_TC_FUSED_ROPE_MAX_GROUP 4
+#define KVF_TC_FUSED_ROPE_MAX_GROUP 8
 #define KVF_TC_PREFETCH_MIN_GROUP 8
 /* an on/off switch from the environment: 1 / 0 when NAME is "1" / "0", else dflt */
 static inline int kvf_env_switch(const char *name, int dflt) {

@@ -472,7 +472,7 @@ static void test_quant_ops(void) {
     test_qmatmul(8, 128, 2, 33, 4096, 1, KN_DT_F16);
     test_qmatmul(4, 32, 2, 71, 8192, 1, KN_DT_F32); /* CUDA bulk-copy GEMV with f32 scales, odd N */
     test_qmatmul(8, 64, 1, 129, 3072, 0, KN_DT_BF16); /* 8-bit, a partial last chunk per row */
-    /* CUDA: a row of exactly one chunk keeps x in registers; more column sets than resident warps */
+    /* CUDA: more column sets than resident warps (several sets a warp) */
     test_qmatmul(4, 64, 1, 5000, 4096, 1, KN_DT_BF16);
     test_qmatmul(8, 64, 1, 4500, 2048, 0, KN_DT_F32);
     for (int m = 1; m <= 2; m++) /* decode fusions over codes: norm prologue, SwiGLU epilogue */
@@ -483,7 +483,7 @@ static void test_quant_ops(void) {
             test_fused_qmatmul(bt, 128, m, 42, 768, 0, KN_EPI_SWIGLU, 1, KN_DT_F32);
             test_fused_qmatmul(bt, 64, m, 17, 6144, 1, KN_EPI_NONE, 0, KN_DT_BF16);
         }
-    test_fused_qmatmul(4, 64, 1, 2200, 4096, 1, KN_EPI_SWIGLU, 0, KN_DT_BF16); /* several sets a warp, x in registers */
+    test_fused_qmatmul(4, 64, 1, 2200, 4096, 1, KN_EPI_SWIGLU, 0, KN_DT_BF16); /* several sets a warp */
     for (int b = 0; b < 3; b++)
         for (int g = 0; g < 3; g++) test_qembed(bits[b], gss[g], 37, gss[g] * 3);
     /* bad descriptions are refused, not run */

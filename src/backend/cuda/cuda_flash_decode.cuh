@@ -146,20 +146,22 @@ __device__ __forceinline__ bool split_is_last(int *counter, int n_splits) {
 }
 
 /* one head's n_splits (<= KVF_MAX_SPLITS) partials (m, l, acc[hd]) -> out[hd];
- * a warp. Every split's m and l are loaded at once (lane l holds splits
- * l, l + 32, ...), so the merge costs one round trip before the accumulators
- * are read; the splits are added in order. */
-template <int NI>
-__device__ __forceinline__ void merge_splits(const float *pr, int n_splits, int hd, float *out, int lane, int rotated,
-                                             const float *signs) {
+ * a warp. Split s's record starts at row(s): global scratch read through the
+ * L2 (CG), or a cluster peer's shared memory. Every split's m and l are
+ * loaded at once (lane l holds splits l, l + 32, ...), so the merge costs
+ * one round trip before the accumulators are read; the splits are added in
+ * order. */
+template <int NI, bool CG, typename Row>
+__device__ __forceinline__ void merge_rows(Row row, int n_splits, int hd, float *out, int lane, int rotated,
+                                           const float *signs) {
     constexpr int SK = KVF_MAX_SPLITS / 32;
-    const int rw = 2 + hd;
+    auto ld = [](const float *p) { return CG ? __ldcg(p) : *p; };
     float ms[SK], c[SK], M = KVF_NEG, L = 0.0f;
 #pragma unroll
     for (int k = 0; k < SK; k++) {
         const int sp = lane + 32 * k;
-        ms[k] = sp < n_splits ? __ldcg(pr + sp * rw) : KVF_NEG;
-        c[k] = sp < n_splits ? __ldcg(pr + sp * rw + 1) : 0.0f; /* l, for now */
+        ms[k] = sp < n_splits ? ld(row(sp)) : KVF_NEG;
+        c[k] = sp < n_splits ? ld(row(sp) + 1) : 0.0f; /* l, for now */
         M = fmaxf(M, ms[k]);
     }
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
@@ -183,9 +185,9 @@ __device__ __forceinline__ void merge_splits(const float *pr, int n_splits, int 
             float v[MU][NI];
 #pragma unroll
             for (int u = 0; u < MU; u++) {
-                const float *ps = pr + (32 * k + j0 + u) * rw + 2;
+                const float *ps = row(j0 + u < n ? 32 * k + j0 + u : 0) + 2;
 #pragma unroll
-                for (int i = 0; i < NI; i++) v[u][i] = j0 + u < n && lane + 32 * i < hd ? __ldcg(ps + lane + 32 * i) : 0.0f;
+                for (int i = 0; i < NI; i++) v[u][i] = j0 + u < n && lane + 32 * i < hd ? ld(ps + lane + 32 * i) : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < MU; u++) {
@@ -199,6 +201,12 @@ __device__ __forceinline__ void merge_splits(const float *pr, int n_splits, int 
 #pragma unroll
     for (int i = 0; i < NI; i++) acc[i] *= inv;
     write_head<NI>(acc, out, hd, lane, rotated, signs);
+}
+/* the splits' records in global scratch, (2 + hd) floats apart from pr */
+template <int NI>
+__device__ __forceinline__ void merge_splits(const float *pr, int n_splits, int hd, float *out, int lane, int rotated,
+                                             const float *signs) {
+    merge_rows<NI, true>([&](int sp) { return pr + (int64_t)sp * (2 + hd); }, n_splits, hd, out, lane, rotated, signs);
 }
 
 template <int NI, int GB, int KF, int VF>

@@ -54,6 +54,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/cuda_flash_decode.cuh"
 
 #define TC_WARPS 4 /* warps per block */
@@ -113,7 +115,7 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 /* 3-bit code fields: bits 6k .. 6k + 2, k < 8 */
 #define TC_CODE_EVEN 0x1C71C71C71C7ull
 
-template <int HD, bool CAP, bool CQ, bool TR, bool PRE>
+template <int HD, bool CAP, bool CQ, bool TR, bool PRE, bool CL>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters, int prefetch,
                kn_tc_rope rk) {
@@ -568,17 +570,34 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
             for (int i = 0; i < HD / 32; i++) acc[i] *= inv;
             write_head<HD / 32>(acc, a.out + ((int64_t)t * a.n_heads + h) * HD, HD, lane, CQ, kv.signs);
         } else {
-            float *pr = partial + (((int64_t)t * a.n_heads + h) * n_splits + split) * rw;
+            /* CL: the record goes to row r of warp 0's rows, which only this
+             * warp (head r) reads, once every lane has read them */
+            float *pr = CL ? tsh + (int64_t)r * rw : partial + (((int64_t)t * a.n_heads + h) * n_splits + split) * rw;
+            if (CL) __syncwarp();
             if (lane == 0) pr[0] = M, pr[1] = L;
 #pragma unroll
             for (int i = 0; i < HD / 32; i++) pr[2 + lane + 32 * i] = acc[i];
         }
     }
-    if (n_splits > 1 && split_is_last(counters + (int64_t)t * gridDim.y + blockIdx.y, n_splits))
+    if constexpr (CL) { /* the splits are one cluster (rank = split): split 0 merges from its peers' shared memory */
+        if (n_splits > 1) {
+            namespace cg = cooperative_groups;
+            cg::cluster_group cl = cg::this_cluster();
+            cl.sync(); /* every split's records written */
+            if (split == 0)
+                for (int r = warp; r < G; r += TC_WARPS) {
+                    const int64_t th = (int64_t)t * a.n_heads + h0 + r;
+                    merge_rows<HD / 32, false>([&](int sp) { return (const float *)cl.map_shared_rank(tsh + (int64_t)r * rw, sp); },
+                                               n_splits, HD, a.out + th * HD, lane, CQ, kv.signs);
+                }
+            cl.sync(); /* the peers' shared memory stays until split 0 has read it */
+        }
+    } else if (n_splits > 1 && split_is_last(counters + (int64_t)t * gridDim.y + blockIdx.y, n_splits)) {
         for (int r = warp; r < G; r += TC_WARPS) {
             const int64_t th = (int64_t)t * a.n_heads + h0 + r;
             merge_splits<HD / 32>(partial + th * n_splits * rw, n_splits, HD, a.out + th * HD, lane, CQ, kv.signs);
         }
+    }
 }
 
 template <int HD, bool CQ>
@@ -592,12 +611,20 @@ static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, 
      * registers): its own instantiation, so the other forms keep their
      * occupancy */
     const bool pre = !CQ && !tr && rk.on && rk.preload;
+    /* KILN_ATTN_CLUSTER=1 (experiment, A/B): the row form's splits (2..8)
+     * as one thread-block cluster, merged through distributed shared memory
+     * instead of global partials, a fence and a counter */
+    static int cl_env = -2;
+    if (cl_env == -2) cl_env = kvf_env_switch("KILN_ATTN_CLUSTER", 0);
+    const bool cl = cl_env == 1 && !tr && f.n_splits > 1 && f.n_splits <= 8;
     void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *, int, kn_tc_rope) =
-        tr    ? (cap ? k_flash_tc<HD, true, CQ, true, false> : k_flash_tc<HD, false, CQ, true, false>)
-        : pre ? (cap ? k_flash_tc<HD, true, CQ, false, !CQ> : k_flash_tc<HD, false, CQ, false, !CQ>)
-              : (cap ? k_flash_tc<HD, true, CQ, false, false> : k_flash_tc<HD, false, CQ, false, false>);
-    kn_cuda_launch(be, k, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters,
-                   prefetch, rk);
+        tr    ? (cap ? k_flash_tc<HD, true, CQ, true, false, false> : k_flash_tc<HD, false, CQ, true, false, false>)
+        : cl  ? (pre ? (cap ? k_flash_tc<HD, true, CQ, false, !CQ, true> : k_flash_tc<HD, false, CQ, false, !CQ, true>)
+                     : (cap ? k_flash_tc<HD, true, CQ, false, false, true> : k_flash_tc<HD, false, CQ, false, false, true>))
+        : pre ? (cap ? k_flash_tc<HD, true, CQ, false, !CQ, false> : k_flash_tc<HD, false, CQ, false, !CQ, false>)
+              : (cap ? k_flash_tc<HD, true, CQ, false, false, false> : k_flash_tc<HD, false, CQ, false, false, false>);
+    kn_cuda_launch_cluster(be, k, grid, dim3(TC_WARPS * 32), smem, cl ? (unsigned)f.n_splits : 1u, *a, *a->kv,
+                           f.n_splits, f.partial, f.counters, prefetch, rk);
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans, kn_tc_rope rk) {

@@ -246,19 +246,32 @@ __device__ __forceinline__ void kn_pdl_trigger() {
 
 /* Launch kernel k on the backend's stream, as a programmatic dependent
  * launch where the backend uses them (the kernel must follow the rules
- * above). */
+ * above); kn_cuda_launch_cluster with cluster_z > 1 also groups the blocks
+ * along z into clusters of that many (cluster_z divides grid.z, at most 8). */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t kn_cuda_launch(kn_backend *be, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                         Args... args) {
+static inline cudaError_t kn_cuda_launch_cluster(kn_backend *be, void (*k)(KArgs...), dim3 grid, dim3 block,
+                                                 size_t smem, unsigned cluster_z, Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem;
     cfg.stream = ((kn_cuda_backend *)be)->stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (((kn_cuda_backend *)be)->pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_z > 1) { /* blocks z .. z + cluster_z - 1 of each (x, y) as one cluster */
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = 1, at[n].val.clusterDim.y = 1, at[n++].val.clusterDim.z = cluster_z;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = ((kn_cuda_backend *)be)->pdl ? 1 : 0;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
+}
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kn_cuda_launch(kn_backend *be, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                         Args... args) {
+    return kn_cuda_launch_cluster(be, k, grid, block, smem, 1u, args...);
 }
 
 /* 1 when kernel k may be launched with smem bytes of dynamic shared memory:

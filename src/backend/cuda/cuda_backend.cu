@@ -832,6 +832,7 @@ extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_er
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
     c->pdl = major >= 9 && !getenv("KILN_NO_PDL");
+    c->clusters = major >= 9;
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess) {
         free(c);
         return kn_fail(err, KN_ERR_BACKEND, "cuda backend: cannot create a stream");

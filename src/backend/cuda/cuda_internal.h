@@ -51,7 +51,8 @@ typedef struct {
         cudaGraphExec_t exec; /* NULL: seen once, not recorded yet */
     } graphs[KN_CUDA_MAX_GRAPHS];
     int n_graphs, graphs_disabled, capturing;
-    int pdl; /* programmatic dependent launch in use (sm_90+, KILN_NO_PDL unset) */
+    int pdl;      /* programmatic dependent launch in use (sm_90+, KILN_NO_PDL unset) */
+    int clusters; /* thread-block clusters available (sm_90+) */
 } kn_cuda_backend;
 
 /* The stream every op of this backend is enqueued on. */
@@ -243,6 +244,9 @@ __device__ __forceinline__ void kn_pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+/* 1 when the backend's device runs thread-block clusters (sm_90+). */
+static inline int kn_cuda_has_clusters(kn_backend *be) { return ((kn_cuda_backend *)be)->clusters; }
 
 /* Launch kernel k on the backend's stream, as a programmatic dependent
  * launch where the backend uses them (the kernel must follow the rules

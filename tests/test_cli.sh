@@ -18,11 +18,12 @@ for m in llama qwen3 phi3; do
     grep -q "tok/s" "$TMP/err" || fail "run $m: stats should go to stderr"
 done
 
-# KILN_CPU_PROFILE=1: the same ids, and a per-op table on stderr with the decode's matmul and attention rows
+# KILN_CPU_PROFILE=1: the same ids, and a per-op table on stderr with the decode's matmul (fused with its RMSNorm)
+# and attention rows
 prompt=$(ref_list "$FIX/llama" prompt | tr ' ' ',')
 got=$(KILN_CPU_PROFILE=1 "$KILN" run "$FIX/llama" --ids "$prompt" -n 24 2>"$TMP/err") || fail "profiled run: $(cat "$TMP/err")"
 [ "$got" = "$(ref_list "$FIX/llama" greedy)" ] || fail "profiled run: got '$got'"
-grep -q "^op (KILN_CPU_PROFILE" "$TMP/err" && grep -q "^matmul M=1 N=" "$TMP/err" && grep -q "^attention T=1 " "$TMP/err" ||
+grep -q "^op (KILN_CPU_PROFILE" "$TMP/err" && grep -q "^fused_norm M=1 N=" "$TMP/err" && grep -q "^attention T=1 " "$TMP/err" ||
     fail "KILN_CPU_PROFILE table: $(cat "$TMP/err")"
 
 # logits: float32 [n_ids, vocab] .npy

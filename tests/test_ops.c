@@ -176,7 +176,8 @@ static void test_mlp_swiglu_add(kn_dtype dt, int M, int H, int I, int with_norm,
     if (done) {
         CHECK(be->vt->fused_matmul(be, dxn, M, nw, eps, &gu, with_bias ? dbgu : NULL, dact, KN_EPI_SWIGLU),
               "fused_matmul declined a shape mlp_swiglu_add took");
-        be->vt->matmul_add(be, dact, M, &down, with_bias ? dbd : NULL, dwant);
+        CHECK(be->vt->matmul_add(be, dact, M, &down, with_bias ? dbd : NULL, dwant),
+              "matmul_add declined a shape mlp_swiglu_add took");
     }
     back(got, dgot, (size_t)M * H * 4), back(want, dwant, (size_t)M * H * 4);
     if (done) {
@@ -231,11 +232,11 @@ static void test_matmul(kn_dtype dt, int M, int N, int K, int with_bias) {
         for (int64_t i = 0; i < (int64_t)M * N; i++) out[i] = 1.5f;
         float *dacc = dev(out, (size_t)M * N * 4);
         dx = dev(x, (size_t)M * K * 4), db = dev(bias, (size_t)N * 4);
-        be->vt->matmul_add(be, dx, M, &w, with_bias ? db : NULL, dacc);
+        const int done = be->vt->matmul_add(be, dx, M, &w, with_bias ? db : NULL, dacc); /* 0: declined */
         back(out, dacc, (size_t)M * N * 4);
         kn_be_free(be, dx), kn_be_free(be, db);
         bad = 0;
-        for (int m = 0; m < M && bad < 3; m++)
+        for (int m = 0; m < M && bad < 3 && done; m++)
             for (int n = 0; n < N && bad < 3; n++) {
                 double ref = 1.5 + (with_bias ? bias[n] : 0.0), mag = fabs(ref);
                 for (int k = 0; k < K; k++) {
@@ -318,6 +319,87 @@ static void quant_host_free(kn_quant_host *h) {
     free((void *)h->q), free((void *)h->scales), free((void *)h->biases);
 }
 
+/* The CPU backend's decode fusions (fused_matmul's RMSNorm prologue and
+ * SwiGLU epilogue, matmul_add's residual add, all inside the GEMV's row
+ * stream) promise the bits of the separate ops: rms_norm, matmul, swiglu,
+ * add. w: a loaded weight (dense or quantized) of N rows, K columns. */
+static void check_fusions_bitwise(const char *what, const kn_weight *w, int M, int with_norm, int with_bias) {
+    const int64_t N = w->rows, K = w->cols;
+    const float eps = 1e-5f;
+    float *x = malloc((size_t)M * K * 4), *g = malloc((size_t)K * 4), *bias = malloc((size_t)N * 4);
+    float *xn = malloc((size_t)M * K * 4), *tmp = malloc((size_t)M * N * 4), *sep = malloc((size_t)M * N * 4);
+    float *fused = malloc((size_t)M * N * 4);
+    fill(x, (int64_t)M * K, 2.0f), fill(g, K, 1.0f), fill(bias, N, 0.5f);
+    const float *nw = with_norm ? g : NULL, *b = with_bias ? bias : NULL;
+    for (int epi = KN_EPI_NONE; epi <= KN_EPI_SWIGLU; epi++) {
+        if (epi == KN_EPI_SWIGLU && N % 2) continue;
+        const int64_t out_n = epi == KN_EPI_SWIGLU ? N / 2 : N;
+        poison(fused, (int64_t)M * out_n);
+        if (!be->vt->fused_matmul(be, x, M, nw, eps, w, b, fused, epi)) { /* quantized: a kernel set without its GEMV may */
+            CHECK(w->bits, "%s: fused_matmul declined M=%d", what, M);
+            continue;
+        }
+        const float *in = x;
+        if (with_norm) be->vt->rms_norm(be, x, K, xn, K, M, 1, (int)K, g, eps), in = xn;
+        be->vt->matmul(be, in, M, w, b, epi == KN_EPI_SWIGLU ? tmp : sep);
+        if (epi == KN_EPI_SWIGLU) be->vt->swiglu(be, tmp, M, (int)out_n, sep);
+        for (int64_t i = 0, bad = 0; i < (int64_t)M * out_n && bad < 3; i++)
+            if (memcmp(&fused[i], &sep[i], 4)) {
+                bad++;
+                CHECK(0, "%s fused_matmul M=%d N=%lld K=%lld norm=%d epi=%d at %lld: %.9g, separate ops %.9g", what, M,
+                      (long long)N, (long long)K, with_norm, epi, (long long)i, fused[i], sep[i]);
+            }
+    }
+    fill(fused, (int64_t)M * N, 3.0f); /* the residual both ways */
+    memcpy(sep, fused, (size_t)M * N * 4);
+    const int added = be->vt->matmul_add(be, x, M, w, b, fused);
+    CHECK(added || w->bits, "%s: matmul_add declined M=%d", what, M);
+    be->vt->matmul(be, x, M, w, b, tmp);
+    be->vt->add(be, sep, tmp, (int64_t)M * N);
+    for (int64_t i = 0, bad = 0; i < (int64_t)M * N && bad < 3 && added; i++)
+        if (memcmp(&fused[i], &sep[i], 4)) {
+            bad++;
+            CHECK(0, "%s matmul_add M=%d N=%lld K=%lld at %lld: %.9g, matmul + add %.9g", what, M, (long long)N,
+                  (long long)K, (long long)i, fused[i], sep[i]);
+        }
+    free(x), free(g), free(bias), free(xn), free(tmp), free(sep), free(fused);
+}
+
+static void test_cpu_fusions(void) {
+    if (strcmp(be->vt->name, "cpu")) return; /* a CPU promise; other backends are checked against float64 */
+    const int Ms[] = {1, 2, 5, 16};
+    for (int d = 0; d < 3; d++) { /* dense: 300 rows in one stream chunk (the residual add's sub-ranges), 4098 in many */
+        const kn_dtype dt = d == 0 ? KN_DT_F32 : d == 1 ? KN_DT_BF16 : KN_DT_F16;
+        const int shapes[][2] = {{300, 64}, {4098, 96}, {37, 1030}};
+        for (size_t s = 0; s < 3; s++) {
+            const int N = shapes[s][0], K = shapes[s][1];
+            float *wf = malloc((size_t)N * K * 4);
+            void *wraw = malloc((size_t)N * K * kn_dtype_size(dt));
+            random_weight(dt, N, K, wraw, wf);
+            kn_weight w;
+            kn_error err = {0};
+            CHECK(kn_be_weight_load(be, dt, N, K, wraw, 0, &w, &err) == KN_OK, "weight_load: %s", err.msg);
+            for (int m = 0; m < 4; m++) check_fusions_bitwise(kn_dtype_name(dt), &w, Ms[m], (m + (int)s) % 2, m < 2);
+            kn_be_weight_free(be, &w);
+            free(wf), free(wraw);
+        }
+    }
+    if (!be->vt->weight_load_quant) return;
+    for (int bits = 4; bits <= 8; bits += 4) { /* quantized: the VNNI GEMV where present, else the generic path */
+        const int N = 2 * 150, K = 256;
+        double *wd = malloc((size_t)N * K * sizeof(double));
+        kn_quant_host h;
+        quant_random(bits, 64, N, K, KN_DT_BF16, wd, &h);
+        kn_weight w;
+        kn_error err = {0};
+        CHECK(kn_be_weight_load_quant(be, &h, &w, &err) == KN_OK, "weight_load_quant: %s", err.msg);
+        quant_host_free(&h);
+        for (int m = 0; m < 4; m++) check_fusions_bitwise(bits == 4 ? "q4" : "q8", &w, Ms[m], m % 2, m >= 2);
+        kn_be_weight_free(be, &w);
+        free(wd);
+    }
+}
+
 static void test_qmatmul(int bits, int gs, int M, int N, int K, int with_bias, kn_dtype sb) {
     double *wd = malloc((size_t)N * K * sizeof(double));
     kn_quant_host h;
@@ -333,12 +415,13 @@ static void test_qmatmul(int bits, int gs, int M, int N, int K, int with_bias, k
         const float start = pass ? 1.5f : NAN;
         for (int64_t i = 0; i < (int64_t)M * N; i++) out[i] = start;
         float *dx = dev(x, (size_t)M * K * 4), *db = dev(bias, (size_t)N * 4), *dout = dev(out, (size_t)M * N * 4);
-        if (pass) be->vt->matmul_add(be, dx, M, &w, with_bias ? db : NULL, dout);
+        int done = 1; /* matmul_add may decline (0) */
+        if (pass) done = be->vt->matmul_add(be, dx, M, &w, with_bias ? db : NULL, dout);
         else be->vt->matmul(be, dx, M, &w, with_bias ? db : NULL, dout);
         back(out, dout, (size_t)M * N * 4);
         kn_be_free(be, dx), kn_be_free(be, db);
         int bad = 0;
-        for (int m = 0; m < M && bad < 3; m++)
+        for (int m = 0; m < M && bad < 3 && done; m++)
             for (int n = 0; n < N && bad < 3; n++) {
                 double ref = (pass ? 1.5 : 0.0) + (with_bias ? bias[n] : 0.0), mag = fabs(ref);
                 for (int k = 0; k < K; k++) {
@@ -1469,6 +1552,7 @@ int main(void) {
         for (size_t i = 0; i < sizeof rk / sizeof *rk; i++) test_matmul_rows_independent(dts[d], 3, 37, rk[i]);
         test_matmul_rows_independent(dts[d], 16, 64, 1000);
     }
+    test_cpu_fusions();
     for (int m = 1; m <= 2; m++) { /* decode fusions (CUDA GEMV): norm prologue, SwiGLU epilogue, odd N */
         test_fused_matmul(KN_DT_BF16, m, 74, 1024, 1, KN_EPI_NONE, 1);
         test_fused_matmul(KN_DT_F32, m, 37, 520, 1, KN_EPI_NONE, 0);

@@ -222,9 +222,10 @@ typedef struct kn_backend_vtbl {
     void (*rms_norm)(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,
                      int groups, int dim, const float *w, float eps);
     void (*matmul)(kn_backend *be, const float *x, int rows, const kn_weight *w, const float *bias, float *out);
-    /* optional (NULL: callers use matmul + add): out += x . W^T (+ bias),
-     * the residual add fused into the matmul's epilogue */
-    void (*matmul_add)(kn_backend *be, const float *x, int rows, const kn_weight *w, const float *bias, float *out);
+    /* optional (NULL, or returns 0 having done nothing: callers use matmul +
+     * add): out += x . W^T (+ bias), the residual add fused into the
+     * matmul's epilogue; the same numbers as matmul, then add */
+    int (*matmul_add)(kn_backend *be, const float *x, int rows, const kn_weight *w, const float *bias, float *out);
     void (*rope)(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
                  const int32_t *pos, const kn_rope_table *rope);
     void (*kv_write)(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,

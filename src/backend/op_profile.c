@@ -112,17 +112,23 @@ static void p_attention(kn_backend *be, const kn_attention_args *a) {
     end(be, i);
 }
 /* matmul and matmul_add: one row per op and shape */
-#define WRAP_MATMUL(op)                                                                                                \
-    static void p_##op(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {     \
-        char name[64];                                                                                                 \
-        snprintf(name, sizeof name, #op " M=%d N=%lld K=%lld", M, (long long)w->rows, (long long)w->cols);             \
-        const int i = begin(be, name);                                                                                 \
-        P.real->op(be, x, M, w, bias, out);                                                                            \
-        end(be, i);                                                                                                    \
-    }
-WRAP_MATMUL(matmul)
-WRAP_MATMUL(matmul_add)
-#undef WRAP_MATMUL
+static int matmul_row(kn_backend *be, const char *op, int M, const kn_weight *w) {
+    char name[64];
+    snprintf(name, sizeof name, "%s M=%d N=%lld K=%lld", op, M, (long long)w->rows, (long long)w->cols);
+    return begin(be, name);
+}
+static void p_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    const int i = matmul_row(be, "matmul", M, w);
+    P.real->matmul(be, x, M, w, bias, out);
+    end(be, i);
+}
+static int p_matmul_add(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    const int i = matmul_row(be, "matmul_add", M, w);
+    const int done = P.real->matmul_add(be, x, M, w, bias, out);
+    if (done) end(be, i);
+    else drop(i);
+    return done;
+}
 
 static int p_fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                           const float *bias, float *out, int epi) {

@@ -599,10 +599,8 @@ static void residual_add(kn_model *m, float *y, const float *post_norm, int n) {
 static void project_residual(kn_model *m, const float *in, int n, const kn_weight *w, const float *bias,
                              const float *post_norm) {
     const kn_backend_vtbl *op = m->be->vt;
-    if (op->matmul_add && !post_norm && m->cfg.residual_scale == 1.0) {
-        op->matmul_add(m->be, in, n, w, bias, m->x);
+    if (op->matmul_add && !post_norm && m->cfg.residual_scale == 1.0 && op->matmul_add(m->be, in, n, w, bias, m->x))
         return;
-    }
     op->matmul(m->be, in, n, w, bias, m->tmp);
     residual_add(m, m->tmp, post_norm, n);
 }
@@ -644,10 +642,7 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms
         else if (c->act == KN_ACT_SILU) op->swiglu(be, m->gu, n, I, m->act);
         else op->geglu(be, m->gu, n, I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
     }
-    if (may_fuse && op->matmul_add) {
-        op->matmul_add(be, m->act, n, &L->down, L->down_bias, m->x);
-        return 1;
-    }
+    if (may_fuse && op->matmul_add && op->matmul_add(be, m->act, n, &L->down, L->down_bias, m->x)) return 1;
     op->matmul(be, m->act, n, &L->down, L->down_bias, out);
     return 0;
 }

@@ -531,9 +531,7 @@ kn_backend *kn_whisper_backend(kn_whisper *w) { return w->be; }
 /* x += in . W^T + b (the residual add fused where the backend has it) */
 static void matmul_residual(kn_whisper *w, const float *in, int rows, const kn_weight *W, const float *b) {
     kn_backend *be = w->be;
-    if (be->vt->matmul_add) {
-        be->vt->matmul_add(be, in, rows, W, b, w->x);
-    } else {
+    if (!(be->vt->matmul_add && be->vt->matmul_add(be, in, rows, W, b, w->x))) {
         be->vt->matmul(be, in, rows, W, b, w->xn);
         be->vt->add(be, w->x, w->xn, (int64_t)rows * w->d);
     }

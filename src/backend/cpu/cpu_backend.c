@@ -32,6 +32,10 @@ typedef struct {
     size_t qprep_floats;
     float *xround; /* GEMV input rounded to the weight dtype (bf16 words or f32), grown on demand */
     size_t xround_floats;
+    float *xnorm; /* fused_matmul: the normalized rows, grown on demand */
+    size_t xnorm_floats;
+    float *gu; /* fused_matmul's SwiGLU: the gate/up rows, grown on demand */
+    size_t gu_floats;
     int64_t attn_scratch_len;
     /* cpu_rope's angles of the last position it rotated (rope_half 0: none yet) */
     int rope_pos, rope_half;
@@ -70,6 +74,8 @@ static void cpu_destroy(kn_backend *be) {
     free(c->apack);
     free(c->qprep);
     free(c->xround);
+    free(c->xnorm);
+    free(c->gu);
     free(c);
 }
 
@@ -161,13 +167,8 @@ static void cpu_matmul_f32(cpu_backend *c, const float *x, int M, const kn_weigh
  * Measured on the 2-core dev machine, 0.44B bf16 synthetic, 8 sequences:
  * ~100 tok/s through GEMV vs ~5.5 tok/s through the packed GEMM. Rows are
  * split over the threads by kn_cpu_gemv_stream (one stream per thread; even
- * row counts, i.e. row pairs for several x rows). x in f32, or xb: x rounded
- * to bf16 (gemv_bf16). */
-static void gemv_chunks(cpu_backend *c, const float *x, const uint16_t *xb, int M, const kn_weight *w,
-                        const float *bias, float *out) {
-    const kn_gemv_job job = {.k = c->k, .x = x, .xb = xb, .M = M, .w = w, .bias = bias, .out = out};
-    kn_cpu_gemv_stream(c->base.n_threads, &job);
-}
+ * row counts, i.e. row pairs for several x rows). */
+#define CPU_GEMV_MAX_M 16
 
 /* c->xround with room for n floats (grown on demand), NULL without memory */
 static void *grow_xround(cpu_backend *c, size_t n) {
@@ -180,36 +181,105 @@ static void *grow_xround(cpu_backend *c, size_t n) {
     return c->xround;
 }
 
+/* 1 when x meets 16-bit weights rounded to their dtype at M rows (the
+ * backend's promise, matmul_x_rounding_min_rows) */
+static int rounds_x(const cpu_backend *c, int M, const kn_weight *w) {
+    return c->base.matmul_x_rounding_min_rows && w->dtype != KN_DT_F32 && M >= c->base.matmul_x_rounding_min_rows;
+}
+
+/* x rounded to w's 16-bit dtype in c->xround (f32 values), or x itself
+ * without room for that: the matmul is still correct (and more exact) */
+static const float *round_x_f32(cpu_backend *c, const float *x, int M, const kn_weight *w) {
+    float *xr = grow_xround(c, (size_t)M * (size_t)w->cols);
+    if (!xr) return x;
+    for (size_t i = 0; i < (size_t)M * (size_t)w->cols; i++)
+        xr[i] = w->dtype == KN_DT_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16(x[i])) : kn_f16_to_f32(kn_f32_to_f16(x[i]));
+    return xr;
+}
+
+/* The decode GEMV job for x [M, K], M <= CPU_GEMV_MAX_M (cpu_stream.h): x in
+ * the form w's kernel reads (rounded to bf16, prepared for the quantized
+ * kernel, or as it is); bias, out and the epilogue are the caller's to set.
+ * 0 when w has no GEMV here (the general matmul paths remain). */
+static int gemv_prepare(cpu_backend *c, const float *x, int M, const kn_weight *w, kn_gemv_job *job) {
+    if (M < 1 || M > CPU_GEMV_MAX_M) return 0;
+    if (w->bits) return kn_cpu_qgemv_prepare(c->k, &c->qprep, &c->qprep_floats, x, M, w, job);
+    *job = (kn_gemv_job){.k = c->k, .M = M, .w = w};
+    if (rounds_x(c, M, w)) {
+        uint16_t *xb = w->dtype == KN_DT_BF16 && c->k->gemv_bf16 ? grow_xround(c, (size_t)M * (size_t)w->cols) : NULL;
+        if (xb) {
+            for (size_t i = 0; i < (size_t)M * (size_t)w->cols; i++) xb[i] = kn_f32_to_bf16(x[i]);
+            job->xb = xb;
+            return 1;
+        }
+        x = round_x_f32(c, x, M, w);
+    }
+    job->x = x;
+    return 1;
+}
+
 static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     cpu_backend *c = cpu(be);
+    if (M < 1) return;
+    kn_gemv_job job;
+    if (gemv_prepare(c, x, M, w, &job)) {
+        job.bias = bias, job.out = out;
+        kn_cpu_gemv_stream(be->n_threads, &job);
+        return;
+    }
     if (w->bits) {
         kn_cpu_qmatmul(be, c->k, c->gemm_scratch, &c->qprep, &c->qprep_floats, x, M, w, bias, out);
         return;
     }
-    /* the backend's promise (matmul_x_rounding_min_rows): from that many
-     * rows on, x meets 16-bit weights rounded to their dtype */
-    const int round_x = c->base.matmul_x_rounding_min_rows && w->dtype != KN_DT_F32 &&
-                        M >= c->base.matmul_x_rounding_min_rows;
-    if (M <= 16 && round_x && w->dtype == KN_DT_BF16 && c->k->gemv_bf16) {
-        uint16_t *xb = grow_xround(c, (size_t)M * (size_t)w->cols);
-        if (xb) {
-            for (size_t i = 0; i < (size_t)M * (size_t)w->cols; i++) xb[i] = kn_f32_to_bf16(x[i]);
-            gemv_chunks(c, NULL, xb, M, w, bias, out);
-            return;
-        }
-    }
-    if (M > 16 && c->k->gemm_bf16 && w->dtype == KN_DT_BF16 && w->cols % 2 == 0 && cpu_matmul_bf16(c, x, M, w, bias, out))
+    if (c->k->gemm_bf16 && w->dtype == KN_DT_BF16 && w->cols % 2 == 0 && cpu_matmul_bf16(c, x, M, w, bias, out))
         return;
-    if (round_x) { /* rounded in place of the bf16 kernels (f16 weights; no memory for them) */
-        float *xr = grow_xround(c, (size_t)M * (size_t)w->cols);
-        if (xr) {
-            for (size_t i = 0; i < (size_t)M * (size_t)w->cols; i++)
-                xr[i] = w->dtype == KN_DT_BF16 ? kn_bf16_to_f32(kn_f32_to_bf16(x[i])) : kn_f16_to_f32(kn_f32_to_f16(x[i]));
-            x = xr;
-        } /* else: without room to round x, the matmul is still correct (and more exact) unrounded */
+    if (rounds_x(c, M, w)) x = round_x_f32(c, x, M, w); /* in place of the bf16 kernels (f16 weights; no memory) */
+    cpu_matmul_f32(c, x, M, w, bias, out);
+}
+
+/* out += x . W^T + bias for decode shapes: the residual add in the GEMV's
+ * stream (cpu_stream.h); larger M declines (0: matmul, then add) */
+static int cpu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+    kn_gemv_job job;
+    if (M < 1) return 1;
+    if (!gemv_prepare(cpu(be), x, M, w, &job)) return 0;
+    job.bias = bias, job.out = out, job.accumulate = 1;
+    kn_cpu_gemv_stream(be->n_threads, &job);
+    return 1;
+}
+
+/* Decode shapes: the RMSNorm on the calling thread (rows of 4096 take ~1 us:
+ * a parallel region would cost more), then the GEMV with the SwiGLU in its
+ * stream, each thread activating the gate/up rows it just computed. Larger
+ * M declines (0: the separate ops). */
+static int cpu_fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps,
+                            const kn_weight *w, const float *bias, float *out, int epilogue) {
+    cpu_backend *c = cpu(be);
+    const int64_t K = w->cols, N = w->rows;
+    if (M < 1 || M > CPU_GEMV_MAX_M || (epilogue == KN_EPI_SWIGLU && N % 2)) return 0;
+    if (epilogue != KN_EPI_NONE && epilogue != KN_EPI_SWIGLU) return 0;
+    if (norm_w) {
+        if ((size_t)M * (size_t)K > c->xnorm_floats) {
+            float *p = cpu_alloc(be, (size_t)M * (size_t)K * sizeof(float));
+            if (!p) return 0;
+            free(c->xnorm);
+            c->xnorm = p, c->xnorm_floats = (size_t)M * (size_t)K;
+        }
+        for (int m = 0; m < M; m++) rms_norm_row(x + m * K, c->xnorm + m * K, (int)K, norm_w, eps);
+        x = c->xnorm;
     }
-    if (M <= 16) gemv_chunks(c, x, NULL, M, w, bias, out);
-    else cpu_matmul_f32(c, x, M, w, bias, out);
+    if (epilogue == KN_EPI_SWIGLU && (size_t)M * (size_t)N > c->gu_floats) {
+        float *p = cpu_alloc(be, (size_t)M * (size_t)N * sizeof(float));
+        if (!p) return 0;
+        free(c->gu);
+        c->gu = p, c->gu_floats = (size_t)M * (size_t)N;
+    }
+    kn_gemv_job job;
+    if (!gemv_prepare(c, x, M, w, &job)) return 0;
+    job.bias = bias, job.out = out;
+    if (epilogue == KN_EPI_SWIGLU) job.gu = c->gu;
+    kn_cpu_gemv_stream(be->n_threads, &job);
+    return 1;
 }
 
 /* x . W^T through the bf16 dot-product GEMM; 0 when no memory for packing
@@ -392,21 +462,15 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
 
 /* rows split across threads; one row (decode) runs on the caller alone: a
  * parallel region would only add a barrier */
-static void swiglu_row(const kn_cpu_kernels *k, const float *g, const float *u, float *o, int dim) {
-    if (k->silu_mul) k->silu_mul(o, g, u, dim);
-    else
-        for (int j = 0; j < dim; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-}
-
 static void cpu_swiglu(kn_backend *be, const float *gate_up, int rows, int dim, float *out) {
     const kn_cpu_kernels *k = cpu(be)->k;
     if (rows == 1) {
-        swiglu_row(k, gate_up, gate_up + dim, out, dim);
+        kn_cpu_silu_mul(k, out, gate_up, gate_up + dim, dim);
         return;
     }
 #pragma omp parallel for num_threads(be->n_threads) schedule(static)
     for (int r = 0; r < rows; r++)
-        swiglu_row(k, gate_up + (int64_t)r * 2 * dim, gate_up + (int64_t)r * 2 * dim + dim, out + (int64_t)r * dim, dim);
+        kn_cpu_silu_mul(k, out + (int64_t)r * dim, gate_up + (int64_t)r * 2 * dim, gate_up + (int64_t)r * 2 * dim + dim, dim);
 }
 
 static void cpu_layer_norm(kn_backend *be, const float *x, int64_t x_stride, float *out, int64_t out_stride, int rows,
@@ -540,6 +604,8 @@ static const kn_backend_vtbl cpu_vtbl = {
     .embed = cpu_embed,
     .rms_norm = cpu_rms_norm,
     .matmul = cpu_matmul,
+    .matmul_add = cpu_matmul_add,
+    .fused_matmul = cpu_fused_matmul,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
@@ -590,9 +656,18 @@ kn_code kn_cpu_backend_create(int n_threads, kn_backend **out, kn_error *err) {
     cpu_backend *c = calloc(1, sizeof *c);
     if (!c) return kn_fail(err, KN_ERR_NOMEM, "out of memory");
     c->base.vt = &cpu_vtbl;
+    /* KILN_CPU_NO_FUSE=1: the decode fusions off, the models run the
+     * separate ops (A/B measurement) */
+    static kn_backend_vtbl unfused;
+    const char *nf = getenv("KILN_CPU_NO_FUSE");
+    if (nf && *nf && strcmp(nf, "0") != 0) {
+        unfused = cpu_vtbl;
+        unfused.matmul_add = NULL, unfused.fused_matmul = NULL;
+        c->base.vt = &unfused;
+    }
     if (kn_profile_wanted(getenv("KILN_CPU_PROFILE"))) {
         static const kn_profile_clock clock = {profile_mark, profile_flush, profile_elapsed_ms, NULL};
-        c->base.vt = kn_profile_vtbl(&cpu_vtbl, &clock, "KILN_CPU_PROFILE");
+        c->base.vt = kn_profile_vtbl(c->base.vt, &clock, "KILN_CPU_PROFILE");
     }
     c->base.n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
     c->k = kn_cpu_kernels_select();

@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_stream.h"
 
 /* 64-byte aligned memory for free(); from KN_CPU_HUGE_MIN bytes on, 2 MiB
  * aligned and advised to transparent huge pages (decode streams every weight
@@ -18,6 +19,12 @@ kn_code kn_cpu_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_we
  * the kernel set's qgemv_prep, grown here on demand. */
 void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, float **prep, size_t *prep_floats,
                     const float *x, int M, const kn_weight *w, const float *bias, float *out);
+/* The decode GEMV job of a quantized w (cpu_stream.h) for x [M, K], M <= 16:
+ * x prepared into *prep for the kernel set's qgemv; bias, out and the
+ * epilogue are the caller's to set. 0 (nothing set) when the kernel set has
+ * no GEMV for w or no memory: kn_cpu_qmatmul still computes it. */
+int kn_cpu_qgemv_prepare(const kn_cpu_kernels *k, float **prep, size_t *prep_floats, const float *x, int M,
+                         const kn_weight *w, kn_gemv_job *job);
 void kn_cpu_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out);
 
 #endif

@@ -2,7 +2,9 @@
  * decode GEMV split over them (cpu_stream.h). */
 #include "backend/cpu/cpu_stream.h"
 
+#include <math.h>
 #include <omp.h>
+#include <string.h>
 #include <stdatomic.h>
 
 #define STREAM_MAX_RANGES 256
@@ -51,14 +53,57 @@ void kn_cpu_stream_rows(int n_threads, int64_t n_rows, int64_t row_bytes, kn_str
     }
 }
 
+static void gemv_kernel(const kn_gemv_job *j, float *out, int64_t n0, int64_t n1) {
+    if (j->prep) j->k->qgemv(j->prep, j->M, j->w, j->bias, out, n0, n1);
+    else if (j->xb) j->k->gemv_bf16(j->xb, j->M, j->w, j->bias, out, n0, n1);
+    else j->k->gemv(j->x, j->M, j->w, j->bias, out, n0, n1);
+}
+
+/* the residual add's old values of a sub-range, kept on the stack */
+#define ADD_SAVE_FLOATS 2048
+
 static void gemv_rows(void *ctx, int64_t n0, int64_t n1) {
     const kn_gemv_job *j = ctx;
-    if (j->prep) j->k->qgemv(j->prep, j->M, j->w, j->bias, j->out, n0, n1);
-    else if (j->xb) j->k->gemv_bf16(j->xb, j->M, j->w, j->bias, j->out, n0, n1);
-    else j->k->gemv(j->x, j->M, j->w, j->bias, j->out, n0, n1);
+    if (!j->accumulate) {
+        gemv_kernel(j, j->out, n0, n1);
+        return;
+    }
+    /* out += product: the rows' old values set aside, the product written
+     * over them, then old + product (the separate add's sum) */
+    const int64_t N = j->w->rows;
+    int64_t step = ADD_SAVE_FLOATS / j->M;
+    step = step < 2 ? 2 : step & ~(int64_t)1;
+    float old[ADD_SAVE_FLOATS];
+    for (int64_t a = n0; a < n1; a += step) {
+        const int64_t b = a + step < n1 ? a + step : n1, len = b - a;
+        for (int m = 0; m < j->M; m++) memcpy(old + m * len, j->out + m * N + a, (size_t)len * sizeof(float));
+        gemv_kernel(j, j->out, a, b);
+        for (int m = 0; m < j->M; m++) {
+            float *o = j->out + m * N + a;
+            const float *p = old + m * len;
+            for (int64_t i = 0; i < len; i++) o[i] = p[i] + o[i];
+        }
+    }
+}
+
+/* SwiGLU: sets [n0, n1) of gate rows n and up rows H + n (H = rows / 2) */
+static void gemv_swiglu_rows(void *ctx, int64_t n0, int64_t n1) {
+    const kn_gemv_job *j = ctx;
+    const int64_t R = j->w->rows, H = R / 2;
+    gemv_kernel(j, j->gu, n0, n1);
+    gemv_kernel(j, j->gu, H + n0, H + n1);
+    for (int m = 0; m < j->M; m++)
+        kn_cpu_silu_mul(j->k, j->out + m * H + n0, j->gu + m * R + n0, j->gu + m * R + H + n0, (int)(n1 - n0));
 }
 
 void kn_cpu_gemv_stream(int n_threads, const kn_gemv_job *job) {
-    const int64_t n = job->w->rows;
-    kn_cpu_stream_rows(n_threads, n, n ? kn_weight_bytes(job->w) / n : 0, gemv_rows, (void *)job);
+    const int64_t n = job->w->rows, row_bytes = n ? kn_weight_bytes(job->w) / n : 0;
+    if (job->gu) kn_cpu_stream_rows(n_threads, n / 2, 2 * row_bytes, gemv_swiglu_rows, (void *)job);
+    else kn_cpu_stream_rows(n_threads, n, row_bytes, gemv_rows, (void *)job);
+}
+
+void kn_cpu_silu_mul(const kn_cpu_kernels *k, float *o, const float *g, const float *u, int n) {
+    if (k->silu_mul) k->silu_mul(o, g, u, n);
+    else
+        for (int j = 0; j < n; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
 }

@@ -29,7 +29,12 @@ void kn_cpu_stream_rows(int n_threads, int64_t n_rows, int64_t row_bytes, kn_str
 
 /* A decode GEMV over every row of w, split as above. Exactly one input is
  * set: x (f32, k->gemv), xb (x rounded to bf16, k->gemv_bf16) or prep
- * (k->qgemv's prepared x for an MLX-quantized w). */
+ * (k->qgemv's prepared x for an MLX-quantized w). The epilogues give the
+ * same bits as the separate ops after the plain GEMV:
+ *   accumulate: out [M, rows] += x . W^T + bias (a residual add);
+ *   gu set (SwiGLU, rows even): gate row n and up row rows/2 + n are
+ *     computed together into gu [M, rows], and out [M, rows/2] =
+ *     silu(gate) * up, each thread on the rows it just computed. */
 typedef struct {
     const kn_cpu_kernels *k;
     const float *x;
@@ -39,7 +44,13 @@ typedef struct {
     const kn_weight *w;
     const float *bias;
     float *out;
+    int accumulate;
+    float *gu;
 } kn_gemv_job;
 void kn_cpu_gemv_stream(int n_threads, const kn_gemv_job *job);
+
+/* o[j] = silu(g[j]) * u[j] for j < n (k->silu_mul where the kernel set has
+ * it); each element's result does not depend on n or its position. */
+void kn_cpu_silu_mul(const kn_cpu_kernels *k, float *o, const float *g, const float *u, int n);
 
 #endif

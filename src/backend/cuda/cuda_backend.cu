@@ -665,8 +665,9 @@ static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, co
 static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     matmul(be, x, M, w, bias, out, 0);
 }
-static void cu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
+static int cu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     matmul(be, x, M, w, bias, out, 1);
+    return 1;
 }
 static int cu_fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                            const float *bias, float *out, int epilogue) {

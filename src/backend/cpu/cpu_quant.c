@@ -106,11 +106,12 @@ static void qgemm(const kn_cpu_kernels *k, const float *x, int M, const kn_weigh
     }
 }
 
-#ifndef QGEMV_SPLIT
-#define QGEMV_SPLIT 2
-#endif
-
-/* The kernel set's packed-code GEMV (AVX-512); 0 when it does not apply. */
+/* The kernel set's packed-code GEMV (AVX-512); 0 when it does not apply.
+ * Its job runs one stream per thread (cpu_stream.h). Measured on the 2-core
+ * Zen 5, 0.44B 4-bit decode: one contiguous run of rows per thread ~125
+ * tok/s, 128-row chunks handed out in turn ~110, 16-row ones ~100; the
+ * ranges with stealing 162-171 against 146-155 for one run per thread, in
+ * alternating runs (8-bit: 114-122 against 102-104) */
 int kn_cpu_qgemv_prepare(const kn_cpu_kernels *k, float **prep, size_t *prep_floats, const float *x, int M,
                          const kn_weight *w, kn_gemv_job *job) {
     const int64_t K = w->cols, G = K / w->group_size;
@@ -125,20 +126,6 @@ int kn_cpu_qgemv_prepare(const kn_cpu_kernels *k, float **prep, size_t *prep_flo
     void *xp = *prep;
     k->qgemv_prep(x, M, K, w->bits, w->group_size, xp);
     *job = (kn_gemv_job){.k = k, .prep = xp, .M = M, .w = w};
-    return 1;
-}
-
-/* one stream per thread (cpu_stream.h). Measured on the 2-core Zen 5, 0.44B
- * 4-bit decode: one contiguous run of rows per thread ~125 tok/s, 128-row
- * chunks handed out in turn ~110, 16-row ones ~100; the ranges with stealing
- * 162-171 against 146-155 for one run per thread, in alternating runs
- * (8-bit: 114-122 against 102-104) */
-static int qgemv_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, size_t *prep_floats, const float *x,
-                      int M, const kn_weight *w, const float *bias, float *out) {
-    kn_gemv_job job;
-    if (!kn_cpu_qgemv_prepare(k, prep, prep_floats, x, M, w, &job)) return 0;
-    job.bias = bias, job.out = out;
-    kn_cpu_gemv_stream(be->n_threads, &job);
     return 1;
 }
 
@@ -187,9 +174,7 @@ void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, flo
                     const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     const int64_t N = w->rows;
     const int nt = be->n_threads;
-    if (M <= 16 ? qgemv_fast(be, k, prep, prep_floats, x, M, w, bias, out)
-                : qgemm_fast(be, k, prep, prep_floats, x, M, w, bias, out))
-        return;
+    if (M > 16 && qgemm_fast(be, k, prep, prep_floats, x, M, w, bias, out)) return;
     if (M <= 4) {
         const int64_t chunk = 64, n_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)

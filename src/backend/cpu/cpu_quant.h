@@ -14,9 +14,11 @@
 void *kn_cpu_alloc(size_t bytes);
 
 kn_code kn_cpu_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
-/* out[M, N] = x[M, K] . W^T (+ bias) for a quantized w; scratch: n_threads *
- * KN_GEMM_SCRATCH floats; *prep (*prep_floats long) is the backend's buffer for
- * the kernel set's qgemv_prep, grown here on demand. */
+/* out[M, N] = x[M, K] . W^T (+ bias) for a quantized w where
+ * kn_cpu_qgemv_prepare declined (more than 16 rows, or no packed-code GEMV in
+ * the kernel set); scratch: n_threads * KN_GEMM_SCRATCH floats; *prep
+ * (*prep_floats long) is the backend's buffer for the kernel set's prepared
+ * x, grown here on demand. */
 void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, float **prep, size_t *prep_floats,
                     const float *x, int M, const kn_weight *w, const float *bias, float *out);
 /* The decode GEMV job of a quantized w (cpu_stream.h) for x [M, K], M <= 16:

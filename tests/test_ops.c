@@ -1672,6 +1672,10 @@ int main(void) {
         test_moe_ffn_q(KN_DT_F16, 7, 6, 3, 96, 64, KN_ACT_SILU, 8, 32);
         test_moe_ffn_q(KN_DT_F32, 5, 4, 2, 64, 16, KN_ACT_GELU_TANH, 4, 32);
         test_moe_ffn_q(KN_DT_BF16, 3, 4, 2, 64, 32, KN_ACT_SILU, 2, 32);
+        /* wider rows (CUDA: the 16-byte piece kernels; 1-3 pieces a lane, partial last pass, k < 8, 2 tokens) */
+        test_moe_ffn_q(KN_DT_BF16, 1, 9, 8, 1024, 384, KN_ACT_SILU, 4, 64);
+        test_moe_ffn_q(KN_DT_F16, 1, 9, 8, 1344, 320, KN_ACT_SILU, 8, 32);
+        test_moe_ffn_q(KN_DT_BF16, 2, 4, 3, 256, 2048, KN_ACT_GELU_TANH, 4, 128);
     }
     /* whisper: conv1 (k 3, s 1, p 1) over a [c, t] mel, conv2 (s 2) over rows */
     test_im2col(30, 8, 3, 1, 1, 1);

@@ -19,10 +19,14 @@
  *     pieces in registers (k_moe_down_slots_reg); otherwise the kernels stage
  *     the k activation rows in shared memory while the loads are in flight.
  *
- * MLX-quantized experts (any number of tokens; correct-first): the same
- * two-kernel shape over (token, slot) with each row dequantized word by word
- * in float32 (scale * q + bias, as base/quant.h defines), so results match
- * the dequantized float32 experts up to summation order.
+ * MLX-quantized experts (any number of tokens): the same two-kernel shape
+ * over (token, slot) with each row dequantized in float32 (scale * q + bias,
+ * as base/quant.h defines), so results match the dequantized float32 experts
+ * up to summation order. 4/8-bit stacks whose rows split into 16-byte pieces
+ * (k_moe_gate_up_qp, k_moe_down_qp) request all of a warp's pieces at once
+ * (gate and up rows together; row d of every selected expert together);
+ * other stacks (2-bit, wider rows) go word by word (k_moe_gate_up_q,
+ * k_moe_down_q).
  *
  * The layer's RMSNorm (kn_moe_args.norm_w) is fused into the bf16/f16
  * gate/up kernel; the quantized kernels decline it (the caller normalizes
@@ -487,16 +491,171 @@ __global__ void __launch_bounds__(MD_WARPS * 32)
     if (lane == 0) out[(int64_t)t * dim + d] = accumulate ? out[(int64_t)t * dim + d] + acc : acc;
 }
 
+/* ---- 4/8-bit stacks, 16-byte pieces: every load of a warp in flight at once ----
+ * A piece is 16 bytes of one row's codes (MQ_CP codes), inside one group
+ * (group sizes are multiples of MQ_CP); lane l holds pieces l, l + 32, ...
+ * The per-code arithmetic is mq_dot's (scale * q + bias, times x), so the
+ * results differ from it only in summation order. */
+template <int BITS> struct mq_bits {
+    static constexpr int CP = 128 / BITS; /* codes per piece */
+    static constexpr int PER = 32 / BITS; /* codes per 32-bit word */
+};
+#define MQ_GU_PIECES 4 /* pieces per lane per gate/up row: dim <= 128 * MQ_CP */
+#define MQ_DN_PIECES 2 /* pieces per lane per down row and slot: inter <= 64 * MQ_CP */
+
+/* sum over piece v's codes c0 .. c0 + CP of (s * q + b) * x[c] */
+template <int BITS>
+__device__ __forceinline__ float mq_piece_dot(uint4 v, float s, float b, const float *__restrict__ x) {
+    constexpr int PER = mq_bits<BITS>::PER;
+    constexpr uint32_t mask = (1u << BITS) - 1u;
+    const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+#pragma unroll
+        for (int h = 0; h < PER; h += 4) {
+            const float4 xv = __ldg((const float4 *)(x + j * PER + h));
+            const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc += (s * (float)((wd[j] >> (BITS * (h + i))) & mask) + b) * xs[i];
+        }
+    }
+    return acc;
+}
+
+__device__ __forceinline__ float mq_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* k_moe_gate_up_q's contract (grid (inter / 8, k, n)); the gate and up rows'
+ * pieces are requested together before any is used */
+template <int BITS>
+__global__ void __launch_bounds__(MD_WARPS * 32)
+    k_moe_gate_up_qp(const float *__restrict__ x, mq_w w, int dim, int inter, int k, const int32_t *__restrict__ idx,
+                     int act, float *__restrict__ A) {
+    constexpr int CP = mq_bits<BITS>::CP;
+    const int lane = threadIdx.x & 31, j = blockIdx.y, t = blockIdx.z;
+    kn_pdl_trigger();
+    kn_pdl_wait(); /* x and idx come from the kernels before */
+    const int r = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
+    if (r >= inter) return;
+    const int64_t p = (int64_t)t * k + j, rg = (int64_t)idx[p] * 2 * inter + r, ru = rg + inter;
+    const int P = dim / CP, G = dim / w.gs, gshift = __ffs(w.gs) - 1;
+    const uint4 *q = (const uint4 *)w.data;
+    uint4 g[MQ_GU_PIECES], u[MQ_GU_PIECES];
+#pragma unroll
+    for (int i = 0; i < MQ_GU_PIECES; i++)
+        if (lane + 32 * i < P) g[i] = __ldcs(q + rg * P + lane + 32 * i), u[i] = __ldcs(q + ru * P + lane + 32 * i);
+    const float *xt = x + (int64_t)t * dim;
+    float ag = 0.0f, au = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MQ_GU_PIECES; i++) {
+        const int pi = lane + 32 * i;
+        if (pi >= P) break;
+        const int c0 = pi * CP, gi = c0 >> gshift;
+        ag += mq_piece_dot<BITS>(g[i], kn_cuda_load_w(w.sc, rg * G + gi, w.sbdt), kn_cuda_load_w(w.bi, rg * G + gi, w.sbdt),
+                                 xt + c0);
+        au += mq_piece_dot<BITS>(u[i], kn_cuda_load_w(w.sc, ru * G + gi, w.sbdt), kn_cuda_load_w(w.bi, ru * G + gi, w.sbdt),
+                                 xt + c0);
+    }
+    ag = mq_warp_sum(ag), au = mq_warp_sum(au);
+    if (lane == 0) A[p * inter + r] = md_act(ag, act) * au;
+}
+
+/* k_moe_down_q's contract (grid (dim / 8, n)); row d of every selected
+ * expert requested at once, the slots summed in ascending expert id */
+template <int BITS>
+__global__ void __launch_bounds__(MD_WARPS * 32)
+    k_moe_down_qp(const float *__restrict__ A, mq_w w, int dim, int inter, const int32_t *__restrict__ idx,
+                  const float *__restrict__ wt, int k, float *__restrict__ out, int accumulate) {
+    constexpr int CP = mq_bits<BITS>::CP;
+    const int lane = threadIdx.x & 31, t = blockIdx.y;
+    kn_pdl_trigger();
+    kn_pdl_wait(); /* A, idx and wt come from the kernels before */
+    const int d = blockIdx.x * MD_WARPS + (threadIdx.x >> 5);
+    if (d >= dim) return;
+    const int32_t *it = idx + (int64_t)t * k;
+    const int P = inter / CP, G = inter / w.gs, gshift = __ffs(w.gs) - 1;
+    const uint4 *q = (const uint4 *)w.data;
+    uint4 v[MD_MAXK][MQ_DN_PIECES];
+#pragma unroll
+    for (int s = 0; s < MD_MAXK; s++)
+#pragma unroll
+        for (int i = 0; i < MQ_DN_PIECES; i++)
+            if (s < k && lane + 32 * i < P) v[s][i] = __ldcs(q + ((int64_t)it[s] * dim + d) * P + lane + 32 * i);
+    float dot[MD_MAXK];
+#pragma unroll
+    for (int s = 0; s < MD_MAXK; s++) {
+        dot[s] = 0.0f;
+        if (s >= k) continue;
+        const int64_t row = (int64_t)it[s] * dim + d;
+        const float *a = A + ((int64_t)t * k + s) * inter;
+#pragma unroll
+        for (int i = 0; i < MQ_DN_PIECES; i++) {
+            const int pi = lane + 32 * i;
+            if (pi >= P) break;
+            const int c0 = pi * CP, gi = c0 >> gshift;
+            dot[s] += mq_piece_dot<BITS>(v[s][i], kn_cuda_load_w(w.sc, row * G + gi, w.sbdt),
+                                         kn_cuda_load_w(w.bi, row * G + gi, w.sbdt), a + c0);
+        }
+        dot[s] = mq_warp_sum(dot[s]);
+    }
+    if (lane) return;
+    float acc = 0.0f;
+    int last = -1;
+    for (int n = 0; n < k; n++) { /* next slot in ascending expert id */
+        int best = -1;
+#pragma unroll
+        for (int s = 0; s < MD_MAXK; s++)
+            if (s < k && it[s] > last && (best < 0 || it[s] < it[best])) best = s;
+        if (best < 0) break;
+        last = it[best];
+        float ds = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MD_MAXK; s++)
+            if (s == best) ds = dot[s]; /* a register, not a local-memory index */
+        acc += ds * wt[(int64_t)t * k + best];
+    }
+    out[(int64_t)t * dim + d] = accumulate ? out[(int64_t)t * dim + d] + acc : acc;
+}
+
+/* 1 when stack w (rows of K codes) suits the piece kernels with at most
+ * `pieces` pieces a lane per row */
+static int mq_pieces_fit(const kn_weight *w, int64_t K, int pieces) {
+    if (w->bits != 4 && w->bits != 8) return 0;
+    const int cp = 128 / w->bits;
+    return w->group_size % cp == 0 && K % cp == 0 && K / cp <= 32 * pieces && !((uintptr_t)w->data & 15);
+}
+
 /* any mix of quantized and float stacks (switch_mlp keeps a projection float
  * when its columns do not split into groups) */
 static int moe_quant(kn_backend *be, const kn_moe_args *a) {
     float *A = a->scratch; /* [n * k, inter] */
     const dim3 g1((unsigned)((a->inter + MD_WARPS - 1) / MD_WARPS), (unsigned)a->k, (unsigned)a->n_tokens);
     const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS), (unsigned)a->n_tokens);
-    kn_cuda_launch(be, k_moe_gate_up_q, g1, dim3(MD_WARPS * 32), 0, a->x, mq_of(a->gate_up), a->dim, a->inter, a->k,
-                   (const int32_t *)a->idx, a->act, A);
-    kn_cuda_launch(be, k_moe_down_q, g2, dim3(MD_WARPS * 32), 0, (const float *)A, mq_of(a->down), a->dim, a->inter,
-                   (const int32_t *)a->idx, (const float *)a->w, a->k, a->out, a->accumulate);
+    /* the piece kernels where the shapes allow (KILN_MOE_Q_PIECES=0: the
+     * word-by-word ones everywhere, A/B runs) */
+    static int pieces_env = -2;
+    if (pieces_env == -2) {
+        const char *e = getenv("KILN_MOE_Q_PIECES");
+        pieces_env = !(e && strcmp(e, "0") == 0);
+    }
+    const int aligned = !((uintptr_t)a->x & 15) && !((uintptr_t)A & 15);
+    const kn_weight *gu = a->gate_up, *dn = a->down;
+    if (pieces_env && aligned && mq_pieces_fit(gu, a->dim, MQ_GU_PIECES))
+        kn_cuda_launch(be, gu->bits == 4 ? k_moe_gate_up_qp<4> : k_moe_gate_up_qp<8>, g1, dim3(MD_WARPS * 32), 0, a->x,
+                       mq_of(gu), a->dim, a->inter, a->k, (const int32_t *)a->idx, a->act, A);
+    else
+        kn_cuda_launch(be, k_moe_gate_up_q, g1, dim3(MD_WARPS * 32), 0, a->x, mq_of(gu), a->dim, a->inter, a->k,
+                       (const int32_t *)a->idx, a->act, A);
+    if (pieces_env && aligned && a->k <= MD_MAXK && mq_pieces_fit(dn, a->inter, MQ_DN_PIECES))
+        kn_cuda_launch(be, dn->bits == 4 ? k_moe_down_qp<4> : k_moe_down_qp<8>, g2, dim3(MD_WARPS * 32), 0,
+                       (const float *)A, mq_of(dn), a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w,
+                       a->k, a->out, a->accumulate);
+    else
+        kn_cuda_launch(be, k_moe_down_q, g2, dim3(MD_WARPS * 32), 0, (const float *)A, mq_of(dn), a->dim, a->inter,
+                       (const int32_t *)a->idx, (const float *)a->w, a->k, a->out, a->accumulate);
     return 1;
 }
 

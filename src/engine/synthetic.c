@@ -91,13 +91,16 @@ static kn_code add3(kn_synthetic *s, kn_dtype dt, int64_t d0, int64_t d1, int64_
     return KN_OK;
 }
 
-/* Replace the float tensor at index i by its MLX affine-quantized form:
+/* Replace the float tensor at index i (2-D, or 3-D as mlx-lm's switch_mlp
+ * stacks: rows of the last dimension) by its MLX affine-quantized form:
  * random codes (uniform over all 2^bits values) in U32 words, and scales /
  * biases in the tensor's dtype such that w = scale * q + bias spans about
  * [-ws, ws] like the float weights did. Appends <module>.scales/.biases. */
 static kn_code quantize_tensor(kn_synthetic *s, size_t i, int bits, int gs, float ws, uint64_t seed, int n_threads,
                                kn_error *err) {
-    const int64_t rows = s->t[i].shape[0], cols = s->t[i].shape[1], words = kn_quant_row_words(cols, bits);
+    const int nd = s->t[i].ndim;
+    const int64_t rows = nd == 3 ? s->t[i].shape[0] * s->t[i].shape[1] : s->t[i].shape[0];
+    const int64_t cols = s->t[i].shape[nd - 1], words = kn_quant_row_words(cols, bits);
     const kn_dtype sdt = s->t[i].dtype;
     char base[256];
     size_t len = strlen(s->t[i].name);
@@ -111,7 +114,8 @@ static kn_code quantize_tensor(kn_synthetic *s, size_t i, int bits, int gs, floa
     free((void *)s->t[i].data);
     s->t[i].data = q;
     s->t[i].dtype = KN_DT_U32;
-    s->t[i].shape[1] = words;
+    s->t[i].shape[nd - 1] = words;
+    const int64_t d0 = s->t[i].shape[0], d1 = s->t[i].shape[1];
     s->t[i].nbytes = (size_t)rows * (size_t)words * 4;
     /* scale ~ 2 ws / (2^bits - 1) (+-10%), bias ~ -ws (+-10%) */
     const float sc = 2.0f * ws / (float)((1 << bits) - 1);
@@ -122,6 +126,37 @@ static kn_code quantize_tensor(kn_synthetic *s, size_t i, int bits, int gs, floa
         snprintf(fmt, sizeof fmt, "%s.biases", base);
         rc = add(s, sdt, rows, cols / gs, -ws, 0.1f * ws, seed, n_threads, err, fmt, 0);
     }
+    for (size_t j = s->n - 2; !rc && nd == 3 && j < s->n; j++) /* [E, rows, groups] like the codes */
+        s->t[j].ndim = 3, s->t[j].shape[0] = d0, s->t[j].shape[1] = d1, s->t[j].shape[2] = cols / gs;
+    return rc;
+}
+
+/* A quantized MoE checkpoint as mlx-lm writes it: the fused experts of
+ * layer prefix p ("<p>.experts.gate_up_proj" [E, 2I, H], "<p>.experts.
+ * down_proj" [E, H, I], tensors gu and dn) become "<p>.switch_mlp.
+ * {gate,up,down}_proj.weight" stacks, quantized. */
+static kn_code quantize_experts(kn_synthetic *s, size_t gu, size_t dn, int bits, int gs, float ws, uint64_t seed,
+                                int n_threads, kn_error *err) {
+    const char *x = strstr(s->t[gu].name, ".experts.");
+    char p[256], name[300];
+    snprintf(p, sizeof p, "%.*s", (int)(x - s->t[gu].name), s->t[gu].name);
+    const int64_t E = s->t[gu].shape[0], I = s->t[gu].shape[1] / 2, H = s->t[gu].shape[2];
+    char *gname = malloc(strlen(p) + 32), *dname = malloc(strlen(p) + 32);
+    if (!gname || !dname) {
+        free(gname), free(dname);
+        return kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    }
+    sprintf(gname, "%s.switch_mlp.gate_proj.weight", p), sprintf(dname, "%s.switch_mlp.down_proj.weight", p);
+    free(s->t[gu].name), free(s->t[dn].name);
+    s->t[gu].name = gname, s->t[dn].name = dname;
+    s->t[gu].shape[1] = I; /* the first half of the rows' buffer; replaced by codes below */
+    s->t[gu].nbytes /= 2;
+    snprintf(name, sizeof name, "%s.switch_mlp.up_proj.weight", p);
+    kn_code rc = add3(s, s->t[gu].dtype, E, I, H, ws, seed, n_threads, err, name, 0);
+    const size_t up = s->n - 1;
+    if (!rc) rc = quantize_tensor(s, gu, bits, gs, ws, seed, n_threads, err);
+    if (!rc) rc = quantize_tensor(s, up, bits, gs, ws, seed, n_threads, err);
+    if (!rc) rc = quantize_tensor(s, dn, bits, gs, ws, seed, n_threads, err);
     return rc;
 }
 
@@ -137,10 +172,18 @@ kn_code kn_synthetic_create_quant(const kn_model_config *c, kn_dtype dt, int bit
     }
     if (n_threads <= 0) n_threads = omp_get_num_procs();
     kn_synthetic *s = *out;
-    const size_t n_float = s->n; /* tensors appended below are scales/biases */
-    for (size_t i = 0; !rc && i < n_float; i++)
-        if (kn_quantize_selects(s->t[i].name, s->t[i].ndim, s->t[i].shape, group_size))
+    const size_t n_float = s->n; /* tensors appended below are up_proj stacks and scales/biases */
+    for (size_t i = 0; !rc && i < n_float; i++) {
+        const kn_st_tensor *t = &s->t[i];
+        size_t len = strlen(t->name);
+        /* the MoE layers' fused experts (not gemma4's parallel block, whose loader reads them fused) */
+        if (t->ndim == 3 && len > 25 && !strcmp(t->name + len - 25, ".mlp.experts.gate_up_proj") && i + 1 < n_float &&
+            t->shape[2] % group_size == 0 && t->shape[1] % 2 == 0 && (t->shape[1] / 2) % group_size == 0 &&
+            strstr(s->t[i + 1].name, ".mlp.experts.down_proj"))
+            rc = quantize_experts(s, i, i + 1, bits, group_size, 0.02f, seed, n_threads, err);
+        else if (kn_quantize_selects(t->name, t->ndim, t->shape, group_size))
             rc = quantize_tensor(s, i, bits, group_size, 0.02f, seed, n_threads, err);
+    }
     if (rc) {
         kn_synthetic_free(s);
         *out = NULL;

@@ -14,8 +14,9 @@ typedef struct kn_synthetic kn_synthetic;
 kn_code kn_synthetic_create(const kn_model_config *cfg, kn_dtype dt, uint64_t seed, int n_threads,
                             kn_synthetic **out, kn_error *err);
 /* The same with every tensor `kiln quantize` would quantize (the embedding
- * and each Linear) in MLX affine form: random bits-bit codes in groups of
- * group_size, scales and biases in dt (bf16/f16, as mlx-community
+ * and each Linear; MoE experts as mlx-lm's switch_mlp stacks, gemma4's
+ * parallel experts excepted) in MLX affine form: random bits-bit codes in
+ * groups of group_size, scales and biases in dt (bf16/f16, as mlx-community
  * checkpoints store them). bits 0 = kn_synthetic_create. */
 kn_code kn_synthetic_create_quant(const kn_model_config *cfg, kn_dtype dt, int bits, int group_size, uint64_t seed,
                                   int n_threads, kn_synthetic **out, kn_error *err);

@@ -622,14 +622,24 @@ static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, 
     static int cl_env = -2;
     if (cl_env == -2) cl_env = kvf_env_switch("KILN_ATTN_CLUSTER", 1);
     const bool cl = cl_env == 1 && kn_cuda_has_clusters(be) && !tr && f.n_splits > 1 && f.n_splits <= 8;
-    void (*k)(kn_attention_args, kn_kv_layer, int, float *, int *, int, kn_tc_rope) =
+    void (*const plain)(kn_attention_args, kn_kv_layer, int, float *, int *, int, kn_tc_rope) =
         tr    ? (cap ? k_flash_tc<HD, true, CQ, true, false, false> : k_flash_tc<HD, false, CQ, true, false, false>)
-        : cl  ? (pre ? (cap ? k_flash_tc<HD, true, CQ, false, !CQ, true> : k_flash_tc<HD, false, CQ, false, !CQ, true>)
-                     : (cap ? k_flash_tc<HD, true, CQ, false, false, true> : k_flash_tc<HD, false, CQ, false, false, true>))
         : pre ? (cap ? k_flash_tc<HD, true, CQ, false, !CQ, false> : k_flash_tc<HD, false, CQ, false, !CQ, false>)
               : (cap ? k_flash_tc<HD, true, CQ, false, false, false> : k_flash_tc<HD, false, CQ, false, false, false>);
-    kn_cuda_launch_cluster(be, k, grid, dim3(TC_WARPS * 32), smem, cl ? (unsigned)f.n_splits : 1u, *a, *a->kv,
-                           f.n_splits, f.partial, f.counters, prefetch, rk);
+    if (cl) {
+        void (*const clustered)(kn_attention_args, kn_kv_layer, int, float *, int *, int, kn_tc_rope) =
+            pre ? (cap ? k_flash_tc<HD, true, CQ, false, !CQ, true> : k_flash_tc<HD, false, CQ, false, !CQ, true>)
+                : (cap ? k_flash_tc<HD, true, CQ, false, false, true> : k_flash_tc<HD, false, CQ, false, false, true>);
+        if (kn_cuda_launch_cluster(be, clustered, grid, dim3(TC_WARPS * 32), smem, (unsigned)f.n_splits, *a, *a->kv,
+                                   f.n_splits, f.partial, f.counters, prefetch, rk) == cudaSuccess)
+            return;
+        /* no room for the cluster (a partitioned GPU, say): clusters off from
+         * here on, these splits merged through the global partials */
+        cudaGetLastError();
+        cl_env = 0;
+    }
+    kn_cuda_launch(be, plain, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters,
+                   prefetch, rk);
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans, kn_tc_rope rk) {

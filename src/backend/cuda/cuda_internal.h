@@ -309,5 +309,12 @@ int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a);
  * int8 terms per group (error <= 1/32512 of the group's max |x|). */
 int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                   int accumulate, const float *norm_w, float eps, int epi);
+/* One token's routed-expert gate/up over an MLX 4/8-bit [n_experts * 2 *
+ * inter, dim] stack on the same streaming kernel (cuda_qgemv.cu): A[j *
+ * inter + r] = silu(gate . x') * (up . x') of expert idx[j], x' =
+ * rms_norm(x) * norm_w when norm_w is set. Returns 0, having enqueued
+ * nothing, where the shape does not suit it. */
+int kn_cuda_qgemv_moe_gate_up(kn_backend *be, const float *x, const kn_weight *gu, const int32_t *idx, int k,
+                              int inter, float *A, const float *norm_w, float eps);
 
 #endif

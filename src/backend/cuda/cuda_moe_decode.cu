@@ -19,6 +19,11 @@
  *     pieces in registers (k_moe_down_slots_reg); otherwise the kernels stage
  *     the k activation rows in shared memory while the loads are in flight.
  *
+ * MLX-quantized experts, one token, SiLU: the gate/up runs on the dense
+ * quantized GEMV's streaming kernel (cuda_qgemv.cu: dp4a over x carried as
+ * int8 terms, weights copied in by the copy engine), its rows mapped to the
+ * selected experts, with the layer's RMSNorm fused; the down kernel below.
+ *
  * MLX-quantized experts (any number of tokens): the same two-kernel shape
  * over (token, slot) with each row dequantized in float32 (scale * q + bias,
  * as base/quant.h defines), so results match the dequantized float32 experts
@@ -29,8 +34,8 @@
  * k_moe_down_q).
  *
  * The layer's RMSNorm (kn_moe_args.norm_w) is fused into the bf16/f16
- * gate/up kernel; the quantized kernels decline it (the caller normalizes
- * first). The residual add (accumulate) is fused into both down kernels.
+ * gate/up kernel and the streaming quantized one; the other quantized
+ * kernels decline it (the caller normalizes first). The residual add (accumulate) is fused into both down kernels.
  * Routing (kn_moe_args.logits) runs in its own kernel first (the caller,
  * kn_cuda_moe_ffn; routing in the gate/up kernel's prologue measured 8%
  * slower on the H200, 2026-12-05).
@@ -628,41 +633,62 @@ static int mq_pieces_fit(const kn_weight *w, int64_t K, int pieces) {
     return w->group_size % cp == 0 && K % cp == 0 && K / cp <= 32 * pieces && !((uintptr_t)w->data & 15);
 }
 
+/* 1 unless the environment variable `name` is "0" (switches for A/B runs) */
+static int md_env_on(const char *name) {
+    const char *e = getenv(name);
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* the quantized down kernel over A [n * k, inter] */
+static void moe_quant_down(kn_backend *be, const kn_moe_args *a, const float *A, int pieces) {
+    const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS), (unsigned)a->n_tokens);
+    const kn_weight *dn = a->down;
+    const int aligned = !((uintptr_t)A & 15);
+    if (pieces && aligned && a->k <= MD_MAXK && mq_pieces_fit(dn, a->inter, MQ_DN_PIECES))
+        kn_cuda_launch(be, dn->bits == 4 ? k_moe_down_qp<4> : k_moe_down_qp<8>, g2, dim3(MD_WARPS * 32), 0, A,
+                       mq_of(dn), a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w, a->k, a->out,
+                       a->accumulate);
+    else
+        kn_cuda_launch(be, k_moe_down_q, g2, dim3(MD_WARPS * 32), 0, A, mq_of(dn), a->dim, a->inter,
+                       (const int32_t *)a->idx, (const float *)a->w, a->k, a->out, a->accumulate);
+}
+
 /* any mix of quantized and float stacks (switch_mlp keeps a projection float
  * when its columns do not split into groups) */
 static int moe_quant(kn_backend *be, const kn_moe_args *a) {
     float *A = a->scratch; /* [n * k, inter] */
     const dim3 g1((unsigned)((a->inter + MD_WARPS - 1) / MD_WARPS), (unsigned)a->k, (unsigned)a->n_tokens);
-    const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS), (unsigned)a->n_tokens);
     /* the piece kernels where the shapes allow (KILN_MOE_Q_PIECES=0: the
      * word-by-word ones everywhere, A/B runs) */
     static int pieces_env = -2;
-    if (pieces_env == -2) {
-        const char *e = getenv("KILN_MOE_Q_PIECES");
-        pieces_env = !(e && strcmp(e, "0") == 0);
-    }
+    if (pieces_env == -2) pieces_env = md_env_on("KILN_MOE_Q_PIECES");
     const int aligned = !((uintptr_t)a->x & 15) && !((uintptr_t)A & 15);
-    const kn_weight *gu = a->gate_up, *dn = a->down;
+    const kn_weight *gu = a->gate_up;
+    /* one token, SiLU, 4/8-bit gate/up: the streaming dp4a kernel of dense
+     * quantized GEMVs (cuda_qgemv.cu) over the selected experts' rows, the
+     * RMSNorm fused (KILN_MOE_Q_BULK=0: the kernels below, A/B runs) */
+    static int bulk_env = -2;
+    if (bulk_env == -2) bulk_env = md_env_on("KILN_MOE_Q_BULK");
+    if (bulk_env && a->n_tokens == 1 && a->act == KN_ACT_SILU && aligned &&
+        kn_cuda_qgemv_moe_gate_up(be, a->x, gu, (const int32_t *)a->idx, a->k, a->inter, A, a->norm_w, a->eps)) {
+        moe_quant_down(be, a, A, pieces_env);
+        return 1;
+    }
+    if (a->norm_w) return 0; /* the caller normalizes first */
     if (pieces_env && aligned && mq_pieces_fit(gu, a->dim, MQ_GU_PIECES))
         kn_cuda_launch(be, gu->bits == 4 ? k_moe_gate_up_qp<4> : k_moe_gate_up_qp<8>, g1, dim3(MD_WARPS * 32), 0, a->x,
                        mq_of(gu), a->dim, a->inter, a->k, (const int32_t *)a->idx, a->act, A);
     else
         kn_cuda_launch(be, k_moe_gate_up_q, g1, dim3(MD_WARPS * 32), 0, a->x, mq_of(gu), a->dim, a->inter, a->k,
                        (const int32_t *)a->idx, a->act, A);
-    if (pieces_env && aligned && a->k <= MD_MAXK && mq_pieces_fit(dn, a->inter, MQ_DN_PIECES))
-        kn_cuda_launch(be, dn->bits == 4 ? k_moe_down_qp<4> : k_moe_down_qp<8>, g2, dim3(MD_WARPS * 32), 0,
-                       (const float *)A, mq_of(dn), a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w,
-                       a->k, a->out, a->accumulate);
-    else
-        kn_cuda_launch(be, k_moe_down_q, g2, dim3(MD_WARPS * 32), 0, (const float *)A, mq_of(dn), a->dim, a->inter,
-                       (const int32_t *)a->idx, (const float *)a->w, a->k, a->out, a->accumulate);
+    moe_quant_down(be, a, A, pieces_env);
     return 1;
 }
 
 int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a) {
     const kn_weight *gu = a->gate_up, *dn = a->down;
     if (a->logits) return 0; /* the caller routes first (kn_cuda_moe_ffn) */
-    if (gu->bits || dn->bits) return a->norm_w ? 0 : moe_quant(be, a); /* the caller normalizes first */
+    if (gu->bits || dn->bits) return moe_quant(be, a); /* declines a norm it cannot fuse: the caller normalizes */
     if (a->n_tokens != 1 || a->k < 1 || a->k > MD_MAXK || gu->bits || dn->bits || gu->dtype != dn->dtype ||
         (gu->dtype != KN_DT_BF16 && gu->dtype != KN_DT_F16))
         return 0;

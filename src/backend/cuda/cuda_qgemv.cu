@@ -319,6 +319,21 @@ __device__ __forceinline__ qg_stream qg_stream_of(int64_t N, int64_t K, int gs, 
 }
 
 
+/* Where the bulk kernel's weight rows come from: the dense matrix (idx
+ * NULL: output column n's rows n and, for SwiGLU, n + N), or the gate/up
+ * stacks of routed experts (kn_cuda_qgemv_moe_gate_up): output column n is
+ * row r = n % inter of slot j = n / inter, i.e. rows idx[j] * 2 * inter + r
+ * (gate) and that + inter (up) of the [n_experts * 2 * inter, K] stack. */
+struct qg_rowmap {
+    const int32_t *idx;
+    int64_t inter;
+};
+__device__ __forceinline__ int64_t qg_row(const qg_stream &st, const qg_rowmap &mp, int64_t n, bool second) {
+    if (!mp.idx) return second ? n + st.N : n;
+    const int64_t j = n / mp.inter, base = (int64_t)mp.idx[j] * 2 * mp.inter + (n - j * mp.inter);
+    return second ? base + mp.inter : base;
+}
+
 template <int BITS, int U, int NR>
 __device__ __forceinline__ void qg_load(const qg_stream &st, qg_pos pos, int lane, const uint4 *__restrict__ q,
                                         const void *__restrict__ scales, const void *__restrict__ biases,
@@ -529,9 +544,9 @@ __host__ __device__ constexpr int qb_sbsz() { return SB == KN_DT_F32 ? 4 : 2; }
 
 /* lane 0: request chunk pos of the stream into stage buffer dst */
 template <int BITS, int NR, int SB>
-__device__ __forceinline__ void qb_issue(const qg_stream &st, const qb_geom &gm, qg_pos pos, const uint8_t *q,
-                                         const uint8_t *scales, const uint8_t *biases, uint8_t *dst, uint64_t *bar,
-                                         uint64_t pol) {
+__device__ __forceinline__ void qb_issue(const qg_stream &st, const qg_rowmap &mp, const qb_geom &gm, qg_pos pos,
+                                         const uint8_t *q, const uint8_t *scales, const uint8_t *biases, uint8_t *dst,
+                                         uint64_t *bar, uint64_t pol) {
     constexpr int C = QG_RW / NR, E = 128 / BITS;
     const int64_t j0 = (int64_t)32 * QB_U * pos.i;
     const int64_t pieces = st.P - j0 < 32 * QB_U ? st.P - j0 : 32 * QB_U;
@@ -543,7 +558,7 @@ __device__ __forceinline__ void qb_issue(const qg_stream &st, const qb_geom &gm,
 #pragma unroll
     for (int r = 0; r < QG_RW; r++) {
         const int64_t n = pos.set * C + r / NR < st.N ? pos.set * C + r / NR : st.N - 1; /* past N: read, dropped */
-        const int64_t row = (r % NR) ? n + st.N : n;
+        const int64_t row = qg_row(st, mp, n, r % NR);
         bulk_load(dst + r * 32 * QB_U * 16, q + (row * st.P + j0) * 16, cb, bar, pol);
         const int64_t so = (row * st.G + g0) * SBSZ;
         bulk_load(dsc + r * gm.gc * SBSZ, scales + so, sb, bar, pol);
@@ -608,7 +623,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
     k_qgemv_bulk(const float *__restrict__ x, const uint8_t *__restrict__ q, const uint8_t *__restrict__ scales,
                  const uint8_t *__restrict__ biases, qb_geom gm, int64_t N, int64_t K, int gs,
                  const float *__restrict__ bias, float *__restrict__ out, int accumulate,
-                 const float *__restrict__ norm_w, float eps) {
+                 const float *__restrict__ norm_w, float eps, qg_rowmap mp) {
     extern __shared__ float4 qg_dyn[];
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -628,8 +643,9 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
     kn_pdl_trigger();
     const uint64_t pol = gm.evict_first ? l2_evict_first_policy() : 0;
     qg_pos pl = {st.set0, 0}; /* the next chunk to request */
-    for (int f = 0; f < S && f < total; f++) { /* weights only: before the wait */
-        if (lane == 0) qb_issue<BITS, NR, SB>(st, gm, pl, q, scales, biases, bufs + (size_t)f * gm.stage_bytes, bars + f, pol);
+    if (mp.idx) kn_pdl_wait(); /* routed rows: the ids come from the kernel before */
+    for (int f = 0; f < S && f < total; f++) { /* dense rows: weights only, before the wait */
+        if (lane == 0) qb_issue<BITS, NR, SB>(st, mp, gm, pl, q, scales, biases, bufs + (size_t)f * gm.stage_bytes, bars + f, pol);
         pl = qg_next(st, pl);
     }
     float acc[QG_RW][M];
@@ -643,7 +659,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
         qb_compute<BITS, M, SB>(st, gm, p, lane, buf, s, (int)K, acc);
         __syncwarp(); /* every lane is done with the buffer before it is refilled */
         if (f + S < total) {
-            if (lane == 0) qb_issue<BITS, NR, SB>(st, gm, pl, q, scales, biases, buf, bars + stage, pol);
+            if (lane == 0) qb_issue<BITS, NR, SB>(st, mp, gm, pl, q, scales, biases, buf, bars + stage, pol);
             pl = qg_next(st, pl);
         }
         if (p.i == st.nch - 1) qg_finish_set<M, EPI>(st, p.set, lane, acc, bias, out, accumulate);
@@ -655,7 +671,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
 /* 0 when the shape does not suit the bulk-copy kernel (k_qgemv runs instead) */
 template <int BITS, int M, int NORM, int EPI, int SB>
 static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias,
-                             float *out, int accumulate, const float *norm_w, float eps) {
+                             float *out, int accumulate, const float *norm_w, float eps, qg_rowmap mp = {NULL, 0}) {
     constexpr int E = 128 / BITS, C = QG_RW / (EPI == KN_EPI_SWIGLU ? 2 : 1);
     const int64_t K = w->cols, gs = w->group_size, G = K / gs;
     constexpr int sbsz = qb_sbsz<SB>();
@@ -718,7 +734,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
     return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
-                          gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps) == cudaSuccess;
+                          gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp) == cudaSuccess;
 }
 
 template <int BITS, int M, int NORM, int EPI, int U>
@@ -793,4 +809,36 @@ int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, con
                       : qgemv_m<4, 2>(be, x, w, bias, out, accumulate, norm_w, eps, epi);
     return M == 1 ? qgemv_m<8, 1>(be, x, w, bias, out, accumulate, norm_w, eps, epi)
                   : qgemv_m<8, 2>(be, x, w, bias, out, accumulate, norm_w, eps, epi);
+}
+
+/* The routed experts' gate/up of one token on the bulk kernel: A[j * inter +
+ * r] = silu(gate_e . x') * (up_e . x') for e = idx[j], j < k, r < inter, x'
+ * = rms_norm(x) * norm_w when norm_w is set (else x), with x carried as in
+ * every kernel of this file. The ids are read after the wait on the
+ * previous kernel (it writes them), so no load goes out before it. Returns 0,
+ * having enqueued nothing, where the shape does not suit the bulk kernel. */
+template <int BITS, int NORM>
+static int moe_gate_up_sb(kn_backend *be, const float *x, const kn_weight *gu, const int32_t *idx, int k, int inter,
+                          float *A, const float *norm_w, float eps) {
+    const qg_rowmap mp = {idx, inter};
+    const int64_t N = (int64_t)k * inter;
+    const int sb = gu->sb_dtype;
+    return sb == KN_DT_BF16 ? launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_BF16>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
+           : sb == KN_DT_F16 ? launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_F16>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
+                             : launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_F32>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp);
+}
+
+int kn_cuda_qgemv_moe_gate_up(kn_backend *be, const float *x, const kn_weight *gu, const int32_t *idx, int k,
+                              int inter, float *A, const float *norm_w, float eps) {
+    if (gu->bits != 4 && gu->bits != 8) return 0;
+    const int gs = gu->group_size;
+    if (gs % (gu->bits == 4 ? 32 : 16) || gs > 512 || (gs & (gs - 1)) || gu->cols % gs || k < 1 || inter < 1 ||
+        gu->rows % (2 * (int64_t)inter))
+        return 0;
+    if (((uintptr_t)x & 15) || ((uintptr_t)gu->data & 15) || ((uintptr_t)norm_w & 15)) return 0;
+    if (gu->bits == 4)
+        return norm_w ? moe_gate_up_sb<4, 1>(be, x, gu, idx, k, inter, A, norm_w, eps)
+                      : moe_gate_up_sb<4, 0>(be, x, gu, idx, k, inter, A, norm_w, eps);
+    return norm_w ? moe_gate_up_sb<8, 1>(be, x, gu, idx, k, inter, A, norm_w, eps)
+                  : moe_gate_up_sb<8, 0>(be, x, gu, idx, k, inter, A, norm_w, eps);
 }

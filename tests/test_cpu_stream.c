@@ -1,7 +1,8 @@
 /* test_cpu_stream.c — kn_cpu_stream_rows (cpu_stream.h): every row of every
  * shape is handed out exactly once, ranges hold even row counts except at
  * the end, and when one thread is slow the others take its chunks (from
- * the back of its range). The slow thread waits in its first chunk until
+ * the back of its range), and an owner takes up to 4 chunks at once while
+ * at least twice that many are left. The slow thread waits in its first chunk until
  * another thread has taken a chunk of its range (bounded), so the stealing
  * check does not depend on how the OS schedules a busy machine's threads. */
 #include <omp.h>
@@ -20,6 +21,7 @@ typedef struct {
     int slow_thread;       /* this thread is slow (-1: none) */
     _Atomic int stolen;    /* another thread has computed a row of the slow thread's range */
     _Atomic int waited;    /* the slow thread has had its first chunk's wait */
+    _Atomic int64_t max_len; /* the longest range handed out */
 } job;
 
 static int64_t elapsed_ns(const struct timespec *t0) {
@@ -32,6 +34,8 @@ static void visit(void *ctx, int64_t n0, int64_t n1) {
     job *j = ctx;
     if (!(n0 < n1) || n0 < 0 || n1 > j->n_rows || ((n1 - n0) % 2 && n1 != j->n_rows)) atomic_store(&j->bad_range, 1);
     const int me = omp_get_thread_num();
+    for (int64_t m = atomic_load(&j->max_len); n1 - n0 > m && !atomic_compare_exchange_weak(&j->max_len, &m, n1 - n0);) {
+    }
     if (me == j->slow_thread) {
         /* first chunk: until another thread steals from this range (at most
          * 10 s, so a broken stealer fails the check rather than hanging);
@@ -51,7 +55,7 @@ static void visit(void *ctx, int64_t n0, int64_t n1) {
 
 static void check(int nt, int64_t n_rows, int64_t row_bytes, int slow) {
     job j = {.n_rows = n_rows, .slow_thread = slow};
-    atomic_init(&j.stolen, 0), atomic_init(&j.waited, 0);
+    atomic_init(&j.stolen, 0), atomic_init(&j.waited, 0), atomic_init(&j.max_len, 0);
     j.count = calloc((size_t)n_rows + 1, sizeof *j.count);
     j.by = calloc((size_t)n_rows + 1, sizeof *j.by);
     atomic_init(&j.bad_range, 0);
@@ -76,7 +80,7 @@ int main(void) {
      * rows of range 0 that thread 1 computed are range 0's last ones */
     const int64_t n = 2048, rb = 2048; /* 64 rows per chunk, 16 chunks per range */
     job j = {.n_rows = n, .slow_thread = 0};
-    atomic_init(&j.stolen, 0), atomic_init(&j.waited, 0);
+    atomic_init(&j.stolen, 0), atomic_init(&j.waited, 0), atomic_init(&j.max_len, 0);
     j.count = calloc(n, sizeof *j.count), j.by = calloc(n, sizeof *j.by);
     atomic_init(&j.bad_range, 0);
     kn_cpu_stream_rows(2, n, rb, visit, &j);
@@ -96,6 +100,14 @@ int main(void) {
         CHECK(own_after == 0, "stolen chunks are not range 0's last ones (%lld of thread 0's rows after them)",
               (long long)own_after);
     }
+    /* no slow thread: the owners' first claims are 4 chunks (16 per range), never more */
+    job e = {.n_rows = n, .slow_thread = -1};
+    atomic_init(&e.stolen, 0), atomic_init(&e.waited, 0), atomic_init(&e.bad_range, 0), atomic_init(&e.max_len, 0);
+    e.count = calloc(n, sizeof *e.count), e.by = calloc(n, sizeof *e.by);
+    kn_cpu_stream_rows(2, n, rb, visit, &e);
+    CHECK(atomic_load(&e.max_len) == 4 * 64, "longest range handed out: %lld rows, want 4 chunks of 64",
+          (long long)atomic_load(&e.max_len));
+    free(e.count), free(e.by);
     printf("test_cpu_stream: thread 1 took %lld of thread 0's %lld rows\n", (long long)stolen, (long long)(n / 2));
     free(j.count), free(j.by);
     return kn_test_done("test_cpu_stream");

@@ -15,15 +15,29 @@ typedef struct {
     _Alignas(64) _Atomic uint64_t fb; /* front | back << 32 */
 } stream_range;
 
-/* a chunk of r from its front (the owner) or back (a thief); -1 when empty */
-static int64_t claim(stream_range *r, int from_back) {
+/* The owner takes up to this many chunks from its front at once, while at
+ * least twice that many are left (the last ones stay one by one, to share).
+ * A SwiGLU set streams its gate rows, then its up rows: longer claims mean
+ * fewer jumps between the two streams. Measured on the 2-core dev VM, 24
+ * distinct 8192 x 1024 bf16 gate/up matrices streamed back to back: 0.93-0.95
+ * of the read probe one chunk at a time, 1.02-1.05 with 4; plain GEMVs
+ * unchanged. */
+#define STREAM_MAX_FRONT 4
+
+/* chunks of r: one from its back (a thief), or from its front (the owner) as
+ * above; returns the first and sets *count, or -1 when r is empty */
+static int64_t claim(stream_range *r, int from_back, uint32_t *count) {
     uint64_t v = atomic_load_explicit(&r->fb, memory_order_relaxed);
     for (;;) {
         const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
         if (f >= b) return -1;
-        const uint64_t nv = from_back ? (uint64_t)f | (uint64_t)(b - 1) << 32 : (uint64_t)(f + 1) | (uint64_t)b << 32;
-        if (atomic_compare_exchange_weak_explicit(&r->fb, &v, nv, memory_order_relaxed, memory_order_relaxed))
+        uint32_t n = from_back ? 1 : (b - f) / 2;
+        n = n < 1 ? 1 : n > STREAM_MAX_FRONT ? STREAM_MAX_FRONT : n;
+        const uint64_t nv = from_back ? (uint64_t)f | (uint64_t)(b - 1) << 32 : (uint64_t)(f + n) | (uint64_t)b << 32;
+        if (atomic_compare_exchange_weak_explicit(&r->fb, &v, nv, memory_order_relaxed, memory_order_relaxed)) {
+            *count = n;
             return from_back ? (int64_t)b - 1 : (int64_t)f;
+        }
     }
 }
 
@@ -45,8 +59,9 @@ void kn_cpu_stream_rows(int n_threads, int64_t n_rows, int64_t row_bytes, kn_str
         for (int k = 0; k < nt; k++) { /* own range first, then the others' backs */
             stream_range *r = &range[(me + k) % nt];
             int64_t ch;
-            while ((ch = claim(r, k > 0)) >= 0) {
-                const int64_t n0 = ch * rows, n1 = n0 + rows < n_rows ? n0 + rows : n_rows;
+            uint32_t cnt;
+            while ((ch = claim(r, k > 0, &cnt)) >= 0) {
+                const int64_t n0 = ch * rows, n1 = n0 + cnt * rows < n_rows ? n0 + cnt * rows : n_rows;
                 fn(ctx, n0, n1);
             }
         }

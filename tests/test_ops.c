@@ -1676,12 +1676,16 @@ int main(void) {
         test_moe_ffn_q(KN_DT_BF16, 1, 9, 8, 1024, 384, KN_ACT_SILU, 4, 64);
         test_moe_ffn_q(KN_DT_F16, 1, 9, 8, 1344, 320, KN_ACT_SILU, 8, 32);
         test_moe_ffn_q(KN_DT_BF16, 2, 4, 3, 256, 2048, KN_ACT_GELU_TANH, 4, 128);
-        /* one token, SiLU, every chunk whole 16-byte units (CUDA: the streaming gate/up kernel of cuda_qgemv.cu
-         * with the RMSNorm fused): the Qwen3-30B-A3B expert shape routed, normalized and added to the residual
-         * stream in place; 8-bit with a slot count that leaves the last warps' sets short */
+        /* one token, SiLU, every chunk whole 16-byte units (CUDA: the streaming kernel of cuda_qgemv.cu for the
+         * gate/up with the RMSNorm fused, and for the down where its rows split so): the Qwen3-30B-A3B expert
+         * shape routed, normalized and added to the residual stream in place (the down's chunks cross slot rows
+         * mid-row); 8-bit with a slot count that leaves the last warps' sets short; down stacks left float or
+         * with groups that do not fill 16-byte units (the piece kernel after the streaming gate/up) */
         test_moe_ffn_f(KN_DT_BF16, 1, 16, 8, 2048, 768, KN_ACT_SILU, 4, 64, MOE_ROUTE | MOE_NORM | MOE_ACC | MOE_ALIAS);
+        test_moe_ffn_f(KN_DT_F16, 1, 12, 5, 512, 256, KN_ACT_SILU, 8, 64, MOE_ACC);
         test_moe_ffn_f(KN_DT_F16, 1, 10, 3, 1024, 200, KN_ACT_SILU, 8, 64, MOE_NORM);
         test_moe_ffn_f(KN_DT_BF16, 1, 7, 5, 4096, 96, KN_ACT_SILU, 4, 128, 0);
+        test_moe_ffn_f(KN_DT_BF16, 1, 8, 6, 1024, 320, KN_ACT_SILU, 4, 32, MOE_NORM);
     }
     /* whisper: conv1 (k 3, s 1, p 1) over a [c, t] mel, conv2 (s 2) over rows */
     test_im2col(30, 8, 3, 1, 1, 1);

@@ -316,5 +316,12 @@ int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, con
  * nothing, where the shape does not suit it. */
 int kn_cuda_qgemv_moe_gate_up(kn_backend *be, const float *x, const kn_weight *gu, const int32_t *idx, int k,
                               int inter, float *A, const float *norm_w, float eps);
+/* The down projection after it, only right after it (it reads idx before
+ * its wait on the gate/up kernel): out[d] (+)= sum_j wt[j] (down_e[d] .
+ * A[j]) for e = idx[j] over an MLX 4/8-bit [n_experts * dim, inter] stack,
+ * each slot's activations scaled by wt[j] before they are carried as int8
+ * terms. Returns 0, having enqueued nothing, where the shape does not suit. */
+int kn_cuda_qgemv_moe_down(kn_backend *be, const float *A, const kn_weight *dn, const int32_t *idx, const float *wt,
+                           int k, int dim, float *out, int accumulate);
 
 #endif

@@ -22,7 +22,10 @@
  * MLX-quantized experts, one token, SiLU: the gate/up runs on the dense
  * quantized GEMV's streaming kernel (cuda_qgemv.cu: dp4a over x carried as
  * int8 terms, weights copied in by the copy engine), its rows mapped to the
- * selected experts, with the layer's RMSNorm fused; the down kernel below.
+ * selected experts, with the layer's RMSNorm fused; the down on it too where
+ * its rows split into whole 16-byte copies (each output row a virtual row
+ * running through the k selected experts' rows, each slot's activations
+ * scaled by its routing weight), else on the down kernels below.
  *
  * MLX-quantized experts (any number of tokens): the same two-kernel shape
  * over (token, slot) with each row dequantized in float32 (scale * q + bias,
@@ -671,7 +674,11 @@ static int moe_quant(kn_backend *be, const kn_moe_args *a) {
     if (bulk_env == -2) bulk_env = md_env_on("KILN_MOE_Q_BULK");
     if (bulk_env && a->n_tokens == 1 && a->act == KN_ACT_SILU && aligned &&
         kn_cuda_qgemv_moe_gate_up(be, a->x, gu, (const int32_t *)a->idx, a->k, a->inter, A, a->norm_w, a->eps)) {
-        moe_quant_down(be, a, A, pieces_env);
+        static int down_env = -2; /* KILN_MOE_Q_BULK_DOWN=0: the down kernels below (A/B runs) */
+        if (down_env == -2) down_env = md_env_on("KILN_MOE_Q_BULK_DOWN");
+        if (!down_env || !kn_cuda_qgemv_moe_down(be, A, a->down, (const int32_t *)a->idx, (const float *)a->w, a->k,
+                                                 a->dim, a->out, a->accumulate))
+            moe_quant_down(be, a, A, pieces_env);
         return 1;
     }
     if (a->norm_w) return 0; /* the caller normalizes first */

@@ -28,8 +28,13 @@
  * warp without registers to hold them); k_qgemv, for every other shape, holds
  * the next chunk in registers.
  *
+ * The bulk kernel also runs one token's routed MoE experts (qg_rowmap): the
+ * gate/up over the selected experts' rows, and the down with each output row
+ * a virtual row through the k selected experts' rows.
+ *
  * Launched as a programmatic dependent launch: the first weight loads go out
- * before the wait on the previous kernel (weights are immutable). */
+ * before the wait on the previous kernel (weights are immutable; the experts'
+ * gate/up waits first, since its rows depend on the routing). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,9 +133,9 @@ __device__ __forceinline__ void qg_block_rms(float (&ss)[M], int64_t K, float ep
     __syncthreads();
 }
 
-template <int BITS, int M, int NORM>
+template <int BITS, int M, int NORM, bool XW>
 __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, const float *__restrict__ norm_w,
-                              float eps, qg_smem s) {
+                              float eps, qg_smem s, const float *__restrict__ xw, int64_t xw_span) {
     __shared__ float inv_rms[M];
     constexpr int T = QG_WARPS * 32;
     const int tid = threadIdx.x;
@@ -203,6 +208,12 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
 #pragma unroll
                     for (int i = 0; i < 16; i++) v[b][i] = g[b][i] * (v[b][i] * inv);
                 }
+                if (XW) { /* x scaled span by span (xw_span a multiple of 16) */
+                    const int64_t k0 = (int64_t)(c0 + b * T + tid - cm[b] * chunks) * 16;
+                    const float sw = __ldg(xw + k0 / xw_span);
+#pragma unroll
+                    for (int i = 0; i < 16; i++) v[b][i] *= sw;
+                }
 #pragma unroll
                 for (int i = 0; i < 16; i++) mx = fmaxf(mx, fabsf(v[b][i])), sum += v[b][i];
             }
@@ -232,13 +243,15 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
 
 /* After a kernel's weight-only loads: wait for the previous kernel, quantize
  * x into the block's shared memory at base (returned as its layout) and
- * zero the warp's sums. */
-template <int BITS, int M, int NORM>
+ * zero the warp's sums. With xw, element c of x is first multiplied by
+ * xw[c / xw_span]. */
+template <int BITS, int M, int NORM, bool XW = false>
 __device__ __forceinline__ qg_smem qg_begin(void *base, const float *__restrict__ x, int64_t K, int gs,
-                                            const float *__restrict__ norm_w, float eps, float (*acc)[M]) {
+                                            const float *__restrict__ norm_w, float eps, float (*acc)[M],
+                                            const float *__restrict__ xw = nullptr, int64_t xw_span = 1) {
     kn_pdl_wait();
     const qg_smem s = qg_layout(base, M, K, gs);
-    qg_quantize_x<BITS, M, NORM>(x, K, gs, norm_w, eps, s);
+    qg_quantize_x<BITS, M, NORM, XW>(x, K, gs, norm_w, eps, s, xw, xw_span);
 #pragma unroll
     for (int r = 0; r < QG_RW; r++)
 #pragma unroll
@@ -319,18 +332,26 @@ __device__ __forceinline__ qg_stream qg_stream_of(int64_t N, int64_t K, int gs, 
 }
 
 
-/* Where the bulk kernel's weight rows come from: the dense matrix (idx
- * NULL: output column n's rows n and, for SwiGLU, n + N), or the gate/up
- * stacks of routed experts (kn_cuda_qgemv_moe_gate_up): output column n is
- * row r = n % inter of slot j = n / inter, i.e. rows idx[j] * 2 * inter + r
- * (gate) and that + inter (up) of the [n_experts * 2 * inter, K] stack. */
+/* Where the bulk kernel's weight rows come from (idx: the slots' expert ids):
+ *   dense (idx NULL): output column n's rows n and, for SwiGLU, n + N;
+ *   experts' gate/up (wt NULL; kn_cuda_qgemv_moe_gate_up): output column n
+ *     is row r = n % inter of slot j = n / inter, i.e. rows idx[j] * 2 *
+ *     inter + r (gate) and that + inter (up) of the [n_experts * 2 * inter,
+ *     K] stack;
+ *   experts' down (kn_cuda_qgemv_moe_down): output row n is a virtual row of
+ *     slots * inter codes, the slots' rows idx[j] * N + n of the
+ *     [n_experts * N, inter] stack one after another, against x = the slots'
+ *     activations [slots, inter], each slot's scaled by its routing weight
+ *     wt[j] as it is quantized: out[n] = sum_j wt[j] (down_e[n] . A[j]). */
+enum { QG_MAP_DENSE = 0, QG_MAP_GATE_UP = 1, QG_MAP_DOWN = 2 }; /* the bulk kernel's MAP */
 struct qg_rowmap {
     const int32_t *idx;
     int64_t inter;
+    const float *wt;
+    int slots;
 };
 __device__ __forceinline__ int64_t qg_row(const qg_stream &st, const qg_rowmap &mp, int64_t n, bool second) {
-    if (!mp.idx) return second ? n + st.N : n;
-    const int64_t j = n / mp.inter, base = (int64_t)mp.idx[j] * 2 * mp.inter + (n - j * mp.inter);
+    const int64_t j = n / mp.inter, base = (int64_t)__ldcg(mp.idx + j) * 2 * mp.inter + (n - j * mp.inter);
     return second ? base + mp.inter : base;
 }
 
@@ -543,7 +564,7 @@ template <int SB> /* bytes of one scale or bias */
 __host__ __device__ constexpr int qb_sbsz() { return SB == KN_DT_F32 ? 4 : 2; }
 
 /* lane 0: request chunk pos of the stream into stage buffer dst */
-template <int BITS, int NR, int SB>
+template <int BITS, int NR, int SB, int MAP>
 __device__ __forceinline__ void qb_issue(const qg_stream &st, const qg_rowmap &mp, const qb_geom &gm, qg_pos pos,
                                          const uint8_t *q, const uint8_t *scales, const uint8_t *biases, uint8_t *dst,
                                          uint64_t *bar, uint64_t pol) {
@@ -553,12 +574,28 @@ __device__ __forceinline__ void qb_issue(const qg_stream &st, const qg_rowmap &m
     const int64_t g0 = (j0 * E) >> st.gshift, ng = (pieces * E) >> st.gshift;
     constexpr int SBSZ = qb_sbsz<SB>();
     const uint32_t cb = (uint32_t)(pieces * 16), sb = (uint32_t)(ng * SBSZ);
+    if (MAP == QG_MAP_DOWN) { /* the codes only (scales and biases: qb_pieces), in runs, one per slot row crossed */
+        mbar_expect_tx(bar, QG_RW * cb);
+        const int64_t Pe = mp.inter / E;
+#pragma unroll
+        for (int r = 0; r < QG_RW; r++) {
+            const int64_t n = pos.set * C + r < st.N ? pos.set * C + r : st.N - 1; /* past N: read, dropped */
+            for (int64_t j = j0; j < j0 + pieces;) {
+                const int64_t sl = j / Pe, jj = j - sl * Pe, je = (sl + 1) * Pe < j0 + pieces ? (sl + 1) * Pe : j0 + pieces;
+                const int64_t row = (int64_t)__ldcg(mp.idx + sl) * st.N + n;
+                bulk_load(dst + (r * 32 * QB_U + (j - j0)) * 16, q + (row * Pe + jj) * 16, (uint32_t)((je - j) * 16), bar,
+                          pol);
+                j = je;
+            }
+        }
+        return;
+    }
     mbar_expect_tx(bar, QG_RW * (cb + 2 * sb));
     uint8_t *dsc = dst + qb_codes_bytes(), *dbi = dsc + QG_RW * gm.gc * SBSZ;
 #pragma unroll
     for (int r = 0; r < QG_RW; r++) {
         const int64_t n = pos.set * C + r / NR < st.N ? pos.set * C + r / NR : st.N - 1; /* past N: read, dropped */
-        const int64_t row = qg_row(st, mp, n, r % NR);
+        const int64_t row = MAP == QG_MAP_GATE_UP ? qg_row(st, mp, n, r % NR) : (r % NR) ? n + st.N : n;
         bulk_load(dst + r * 32 * QB_U * 16, q + (row * st.P + j0) * 16, cb, bar, pol);
         const int64_t so = (row * st.G + g0) * SBSZ;
         bulk_load(dsc + r * gm.gc * SBSZ, scales + so, sb, bar, pol);
@@ -566,16 +603,45 @@ __device__ __forceinline__ void qb_issue(const qg_stream &st, const qg_rowmap &m
     }
 }
 
+/* The experts' down form (QG_MAP_DOWN) reads its scales and biases from
+ * global memory (a slot row's groups need not fill 16-byte copies): the
+ * chunk's whole set of them requested at once, before its first piece. */
+struct qb_down_sb {
+    const uint8_t *scales, *biases;
+    const int32_t *sids; /* the slots' expert ids, in shared memory */
+    int64_t set;         /* the chunk's column set */
+    int pe, ge;          /* pieces and groups of one slot row */
+};
+template <int BITS, int SB, bool FULL>
+__device__ __forceinline__ void qb_down_sb_load(const qg_stream &st, const qb_down_sb &d, int j0, int lane,
+                                                uint32_t (&rs)[QB_U][QG_RW], uint32_t (&rb)[QB_U][QG_RW]) {
+    constexpr int E = 128 / BITS;
+#pragma unroll
+    for (int u = 0; u < QB_U; u++) {
+        const int j = j0 + lane + 32 * u;
+        if (!FULL && j >= (int)st.P) break;
+        const int sl = j / d.pe, gg = ((j - sl * d.pe) * E) >> st.gshift;
+#pragma unroll
+        for (int r = 0; r < QG_RW; r++) {
+            const int64_t n = d.set * QG_RW + r < st.N ? d.set * QG_RW + r : st.N - 1;
+            const int64_t gi = ((int64_t)d.sids[sl] * st.N + n) * d.ge + gg;
+            rs[u][r] = sb_raw(d.scales, SB, gi), rb[u][r] = sb_raw(d.biases, SB, gi);
+        }
+    }
+}
+
 /* the warp's sums over pieces j0 + lane + 32 u (u < QB_U) of its stage
  * buffer; FULL: every piece is inside the row (no bound check between them,
  * so the shared-memory loads of all QB_U pieces can be issued together) */
-template <int BITS, int M, int SB, bool FULL>
+template <int BITS, int M, int SB, bool FULL, int MAP>
 __device__ __forceinline__ void qb_pieces(const qg_stream &st, const qb_geom &gm, int j0, int lane, const uint8_t *buf,
-                                          const qg_smem &s, int K, float (*acc)[M]) {
+                                          const qg_smem &s, int K, float (*acc)[M], const qb_down_sb &dsb) {
     constexpr int E = 128 / BITS, SBSZ = qb_sbsz<SB>();
     const int P = (int)st.P, gshift = st.gshift, G = (int)st.G, gc = gm.gc;
     const int g0 = (j0 * E) >> gshift;
     const uint8_t *bsc = buf + qb_codes_bytes(), *bbi = bsc + QG_RW * gc * SBSZ;
+    uint32_t drs[QB_U][QG_RW], drb[QB_U][QG_RW];
+    if (MAP == QG_MAP_DOWN) qb_down_sb_load<BITS, SB, FULL>(st, dsb, j0, lane, drs, drb);
 #pragma unroll
     for (int u = 0; u < QB_U; u++) {
         const int jl = lane + 32 * u, j = j0 + jl;
@@ -586,6 +652,10 @@ __device__ __forceinline__ void qb_pieces(const qg_stream &st, const qb_geom &gm
 #pragma unroll
         for (int r = 0; r < QG_RW; r++) {
             w[r] = *(const uint4 *)(buf + (r * 32 * QB_U + jl) * 16);
+            if (MAP == QG_MAP_DOWN) {
+                sc[r] = sb_val_t<SB>(drs[u][r]), bi[r] = sb_val_t<SB>(drb[u][r]);
+                continue;
+            }
             const int so = (r * gc + gl) * SBSZ;
             const uint32_t rs = SBSZ == 4 ? *(const uint32_t *)(bsc + so) : *(const unsigned short *)(bsc + so);
             const uint32_t rb = SBSZ == 4 ? *(const uint32_t *)(bbi + so) : *(const unsigned short *)(bbi + so);
@@ -608,17 +678,20 @@ __device__ __forceinline__ void qb_pieces(const qg_stream &st, const qb_geom &gm
 
 /* the warp's sums over chunk pos, read from its stage buffer; SB the scales'
  * and biases' format. Offsets within a row (K codes) are 32-bit. */
-template <int BITS, int M, int SB>
+template <int BITS, int M, int SB, int MAP>
 __device__ __forceinline__ void qb_compute(const qg_stream &st, const qb_geom &gm, qg_pos pos, int lane,
-                                           const uint8_t *buf, const qg_smem &s, int K, float (*acc)[M]) {
+                                           const uint8_t *buf, const qg_smem &s, int K, float (*acc)[M],
+                                           qb_down_sb &dsb) {
     const int j0 = 32 * QB_U * pos.i;
-    if (j0 + 32 * QB_U <= (int)st.P) qb_pieces<BITS, M, SB, true>(st, gm, j0, lane, buf, s, K, acc);
-    else qb_pieces<BITS, M, SB, false>(st, gm, j0, lane, buf, s, K, acc);
+    dsb.set = pos.set;
+    if (j0 + 32 * QB_U <= (int)st.P) qb_pieces<BITS, M, SB, true, MAP>(st, gm, j0, lane, buf, s, K, acc, dsb);
+    else qb_pieces<BITS, M, SB, false, MAP>(st, gm, j0, lane, buf, s, K, acc, dsb);
 }
 
 __host__ __device__ __forceinline__ size_t qb_align16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-template <int BITS, int M, int NORM, int EPI, int SB>
+#define QG_MAX_SLOTS 64 /* the experts' down form: slots per token */
+template <int BITS, int M, int NORM, int EPI, int SB, int MAP>
 __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 128 registers */
     k_qgemv_bulk(const float *__restrict__ x, const uint8_t *__restrict__ q, const uint8_t *__restrict__ scales,
                  const uint8_t *__restrict__ biases, qb_geom gm, int64_t N, int64_t K, int gs,
@@ -640,26 +713,35 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
         mbar_init_fence();
     }
     __syncwarp();
-    kn_pdl_trigger();
+    __shared__ int32_t sids[MAP == QG_MAP_DOWN ? QG_MAX_SLOTS : 1];
+    qb_down_sb dsb = {scales, biases, sids, 0, (int)(mp.inter * BITS / 128), (int)(mp.inter / gs)};
+    if (MAP == QG_MAP_DOWN) /* read before the wait: the gate/up kernel before triggers only after its wait */
+        for (int i = threadIdx.x; i < mp.slots; i += QG_WARPS * 32) sids[i] = __ldcg(mp.idx + i);
+    if (MAP != QG_MAP_GATE_UP) kn_pdl_trigger();
     const uint64_t pol = gm.evict_first ? l2_evict_first_policy() : 0;
     qg_pos pl = {st.set0, 0}; /* the next chunk to request */
-    if (mp.idx) kn_pdl_wait(); /* routed rows: the ids come from the kernel before */
-    for (int f = 0; f < S && f < total; f++) { /* dense rows: weights only, before the wait */
-        if (lane == 0) qb_issue<BITS, NR, SB>(st, mp, gm, pl, q, scales, biases, bufs + (size_t)f * gm.stage_bytes, bars + f, pol);
+    if (MAP == QG_MAP_GATE_UP) { /* the ids come from the kernel before; the trigger only after the wait, so the
+                                  * down kernel after this one may read them before its own wait (cuda_internal.h) */
+        kn_pdl_wait();
+        kn_pdl_trigger();
+    }
+    for (int f = 0; f < S && f < total; f++) { /* weights (and the down form's ids) only: before the wait */
+        if (lane == 0)
+            qb_issue<BITS, NR, SB, MAP>(st, mp, gm, pl, q, scales, biases, bufs + (size_t)f * gm.stage_bytes, bars + f, pol);
         pl = qg_next(st, pl);
     }
     float acc[QG_RW][M];
-    const qg_smem s = qg_begin<BITS, M, NORM>(qg_dyn, x, K, gs, norm_w, eps, acc);
+    const qg_smem s = qg_begin<BITS, M, NORM, MAP == QG_MAP_DOWN>(qg_dyn, x, K, gs, norm_w, eps, acc, mp.wt, mp.inter);
     qg_pos p = {st.set0, 0};
     int stage = 0;
     uint32_t parity = 0;
     for (int64_t f = 0; f < total; f++) {
         uint8_t *buf = bufs + (size_t)stage * gm.stage_bytes;
         mbar_wait(bars + stage, parity);
-        qb_compute<BITS, M, SB>(st, gm, p, lane, buf, s, (int)K, acc);
+        qb_compute<BITS, M, SB, MAP>(st, gm, p, lane, buf, s, (int)K, acc, dsb);
         __syncwarp(); /* every lane is done with the buffer before it is refilled */
         if (f + S < total) {
-            if (lane == 0) qb_issue<BITS, NR, SB>(st, mp, gm, pl, q, scales, biases, buf, bars + stage, pol);
+            if (lane == 0) qb_issue<BITS, NR, SB, MAP>(st, mp, gm, pl, q, scales, biases, buf, bars + stage, pol);
             pl = qg_next(st, pl);
         }
         if (p.i == st.nch - 1) qg_finish_set<M, EPI>(st, p.set, lane, acc, bias, out, accumulate);
@@ -669,16 +751,20 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
 }
 
 /* 0 when the shape does not suit the bulk-copy kernel (k_qgemv runs instead) */
-template <int BITS, int M, int NORM, int EPI, int SB>
+template <int BITS, int M, int NORM, int EPI, int SB, int MAP = QG_MAP_DENSE>
 static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias,
-                             float *out, int accumulate, const float *norm_w, float eps, qg_rowmap mp = {NULL, 0}) {
+                             float *out, int accumulate, const float *norm_w, float eps,
+                             qg_rowmap mp = {NULL, 0, NULL, 0}) {
     constexpr int E = 128 / BITS, C = QG_RW / (EPI == KN_EPI_SWIGLU ? 2 : 1);
-    const int64_t K = w->cols, gs = w->group_size, G = K / gs;
+    const int64_t K = MAP == QG_MAP_DOWN ? (int64_t)mp.slots * w->cols : w->cols, gs = w->group_size, G = K / gs;
     constexpr int sbsz = qb_sbsz<SB>();
     const int64_t chunk_codes = (int64_t)32 * QB_U * E, tail_codes = K % chunk_codes;
-    /* every copy a whole number of 16-byte units at 16-byte aligned addresses */
-    if (chunk_codes % gs || (chunk_codes / gs * sbsz) % 16 || (G * sbsz) % 16 || (tail_codes / gs * sbsz) % 16 ||
-        ((uintptr_t)w->scales & 15) || ((uintptr_t)w->biases & 15) || K < E)
+    /* every copy a whole number of 16-byte units at 16-byte aligned addresses
+     * (the down form copies codes only, in runs of whole pieces) */
+    if (MAP == QG_MAP_DOWN ? (mp.slots > QG_MAX_SLOTS || w->cols % E || chunk_codes % gs)
+                           : (chunk_codes % gs || (chunk_codes / gs * sbsz) % 16 || (G * sbsz) % 16 ||
+                              (tail_codes / gs * sbsz) % 16 || ((uintptr_t)w->scales & 15) || ((uintptr_t)w->biases & 15)) ||
+        K < E)
         return 0;
     static int sm90 = -1;
     if (sm90 < 0) {
@@ -712,7 +798,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     gm.evict_first = evict_env;
     static size_t smem_allowed = 0; /* per instantiation */
     if (smem > smem_allowed) {
-        if (cudaFuncSetAttribute(k_qgemv_bulk<BITS, M, NORM, EPI, SB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)limit) != cudaSuccess) {
             cudaGetLastError();
             return 0;
@@ -722,7 +808,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     static int per_sm = 0;
     static size_t per_sm_smem = 0;
     if (!per_sm || per_sm_smem != smem) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv_bulk<BITS, M, NORM, EPI, SB>, QG_WARPS * 32,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, QG_WARPS * 32,
                                                           smem) != cudaSuccess || per_sm < 1) {
             cudaGetLastError();
             per_sm = 1;
@@ -732,7 +818,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     const int64_t sets = (N + C - 1) / C, want = (sets + QG_WARPS - 1) / QG_WARPS;
     const int64_t resident = (int64_t)per_sm * kn_cuda_sm_count(be);
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
-    return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
+    return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
                           gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp) == cudaSuccess;
 }
@@ -820,12 +906,13 @@ int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, con
 template <int BITS, int NORM>
 static int moe_gate_up_sb(kn_backend *be, const float *x, const kn_weight *gu, const int32_t *idx, int k, int inter,
                           float *A, const float *norm_w, float eps) {
-    const qg_rowmap mp = {idx, inter};
+    const qg_rowmap mp = {idx, inter, NULL, 0};
     const int64_t N = (int64_t)k * inter;
     const int sb = gu->sb_dtype;
-    return sb == KN_DT_BF16 ? launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_BF16>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
-           : sb == KN_DT_F16 ? launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_F16>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
-                             : launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_F32>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp);
+    constexpr int MAP = QG_MAP_GATE_UP;
+    return sb == KN_DT_BF16 ? launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_BF16, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
+           : sb == KN_DT_F16 ? launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_F16, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
+                             : launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_F32, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp);
 }
 
 int kn_cuda_qgemv_moe_gate_up(kn_backend *be, const float *x, const kn_weight *gu, const int32_t *idx, int k,
@@ -841,4 +928,28 @@ int kn_cuda_qgemv_moe_gate_up(kn_backend *be, const float *x, const kn_weight *g
                       : moe_gate_up_sb<4, 0>(be, x, gu, idx, k, inter, A, norm_w, eps);
     return norm_w ? moe_gate_up_sb<8, 1>(be, x, gu, idx, k, inter, A, norm_w, eps)
                   : moe_gate_up_sb<8, 0>(be, x, gu, idx, k, inter, A, norm_w, eps);
+}
+
+template <int BITS>
+static int moe_down_sb(kn_backend *be, const float *A, const kn_weight *dn, const int32_t *idx, const float *wt, int k,
+                       int dim, float *out, int accumulate) {
+    const qg_rowmap mp = {idx, dn->cols, wt, k};
+    const int sb = dn->sb_dtype;
+    constexpr int MAP = QG_MAP_DOWN;
+    return sb == KN_DT_BF16 ? launch_qgemv_bulk<BITS, 1, 0, KN_EPI_NONE, KN_DT_BF16, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp)
+           : sb == KN_DT_F16 ? launch_qgemv_bulk<BITS, 1, 0, KN_EPI_NONE, KN_DT_F16, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp)
+                             : launch_qgemv_bulk<BITS, 1, 0, KN_EPI_NONE, KN_DT_F32, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp);
+}
+
+int kn_cuda_qgemv_moe_down(kn_backend *be, const float *A, const kn_weight *dn, const int32_t *idx, const float *wt,
+                           int k, int dim, float *out, int accumulate) {
+    if (dn->bits != 4 && dn->bits != 8) return 0;
+    const int gs = dn->group_size;
+    const int64_t inter = dn->cols;
+    if (gs % (dn->bits == 4 ? 32 : 16) || gs > 512 || (gs & (gs - 1)) || inter % gs || inter % 16 || k < 1 ||
+        dim < 1 || dn->rows % dim)
+        return 0;
+    if (((uintptr_t)A & 15) || ((uintptr_t)dn->data & 15)) return 0;
+    return dn->bits == 4 ? moe_down_sb<4>(be, A, dn, idx, wt, k, dim, out, accumulate)
+                         : moe_down_sb<8>(be, A, dn, idx, wt, k, dim, out, accumulate);
 }

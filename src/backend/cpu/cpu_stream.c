@@ -19,8 +19,8 @@ typedef struct {
  * least twice that many are left (the last ones stay one by one, to share).
  * A SwiGLU set streams its gate rows, then its up rows: longer claims mean
  * fewer jumps between the two streams. Measured on the 2-core dev VM, 24
- * distinct 8192 x 1024 bf16 gate/up matrices streamed back to back: 0.93-0.95
- * of the read probe one chunk at a time, 1.02-1.05 with 4; plain GEMVs
+ * distinct 8192 x 1024 bf16 gate/up matrices streamed back to back: 0.92-0.95
+ * of the read probe one chunk at a time, 1.03-1.05 with 4; plain GEMVs
  * unchanged. */
 #define STREAM_MAX_FRONT 4
 

@@ -8,6 +8,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "backend/backend.h"
@@ -243,6 +245,13 @@ __device__ __forceinline__ void kn_pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+/* 1 unless the environment variable `name` is "0": the kernels' on-by-default
+ * switches for A/B runs (read once by each caller, into a static). */
+static inline int kn_cuda_env_on(const char *name) {
+    const char *e = getenv(name);
+    return !(e && strcmp(e, "0") == 0);
 }
 
 /* 1 when the backend's device runs thread-block clusters (sm_90+). */

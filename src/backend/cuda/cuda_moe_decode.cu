@@ -38,7 +38,8 @@
  *
  * The layer's RMSNorm (kn_moe_args.norm_w) is fused into the bf16/f16
  * gate/up kernel and the streaming quantized one; the other quantized
- * kernels decline it (the caller normalizes first). The residual add (accumulate) is fused into both down kernels.
+ * kernels decline it (the caller normalizes first). The residual add
+ * (accumulate) is fused into every down kernel.
  * Routing (kn_moe_args.logits) runs in its own kernel first (the caller,
  * kn_cuda_moe_ffn; routing in the gate/up kernel's prologue measured 8%
  * slower on the H200, 2026-12-05).
@@ -394,7 +395,7 @@ template <int DT, bool NORM> static int moe_decode_dt(kn_backend *be, const kn_m
     const size_t smem_a = (size_t)a->k * (size_t)a->inter * sizeof(float);
     static size_t rows_allowed = 48 << 10, slots_allowed = 48 << 10; /* one per kernel: the choice can vary by shape */
     static int slots = -1; /* KILN_MOE_DOWN_SLOTS=0: k_moe_down for every shape (A/B) */
-    if (slots < 0) slots = !(getenv("KILN_MOE_DOWN_SLOTS") && !strcmp(getenv("KILN_MOE_DOWN_SLOTS"), "0"));
+    if (slots < 0) slots = kn_cuda_env_on("KILN_MOE_DOWN_SLOTS");
     const int use_slots = slots && MD_WARPS % a->k == 0 && a->inter % 256 == 0 && a->dim % MD_WARPS == 0;
     void (*down)(const float *, const uint16_t *, int, int, const int32_t *, const float *, int, float *, int) =
         use_slots ? k_moe_down_slots<DT> : k_moe_down<DT, true>;
@@ -636,12 +637,6 @@ static int mq_pieces_fit(const kn_weight *w, int64_t K, int pieces) {
     return w->group_size % cp == 0 && K % cp == 0 && K / cp <= 32 * pieces && !((uintptr_t)w->data & 15);
 }
 
-/* 1 unless the environment variable `name` is "0" (switches for A/B runs) */
-static int md_env_on(const char *name) {
-    const char *e = getenv(name);
-    return !(e && strcmp(e, "0") == 0);
-}
-
 /* the quantized down kernel over A [n * k, inter] */
 static void moe_quant_down(kn_backend *be, const kn_moe_args *a, const float *A, int pieces) {
     const dim3 g2((unsigned)((a->dim + MD_WARPS - 1) / MD_WARPS), (unsigned)a->n_tokens);
@@ -664,18 +659,18 @@ static int moe_quant(kn_backend *be, const kn_moe_args *a) {
     /* the piece kernels where the shapes allow (KILN_MOE_Q_PIECES=0: the
      * word-by-word ones everywhere, A/B runs) */
     static int pieces_env = -2;
-    if (pieces_env == -2) pieces_env = md_env_on("KILN_MOE_Q_PIECES");
+    if (pieces_env == -2) pieces_env = kn_cuda_env_on("KILN_MOE_Q_PIECES");
     const int aligned = !((uintptr_t)a->x & 15) && !((uintptr_t)A & 15);
     const kn_weight *gu = a->gate_up;
     /* one token, SiLU, 4/8-bit gate/up: the streaming dp4a kernel of dense
      * quantized GEMVs (cuda_qgemv.cu) over the selected experts' rows, the
      * RMSNorm fused (KILN_MOE_Q_BULK=0: the kernels below, A/B runs) */
     static int bulk_env = -2;
-    if (bulk_env == -2) bulk_env = md_env_on("KILN_MOE_Q_BULK");
+    if (bulk_env == -2) bulk_env = kn_cuda_env_on("KILN_MOE_Q_BULK");
     if (bulk_env && a->n_tokens == 1 && a->act == KN_ACT_SILU && aligned &&
         kn_cuda_qgemv_moe_gate_up(be, a->x, gu, (const int32_t *)a->idx, a->k, a->inter, A, a->norm_w, a->eps)) {
         static int down_env = -2; /* KILN_MOE_Q_BULK_DOWN=0: the down kernels below (A/B runs) */
-        if (down_env == -2) down_env = md_env_on("KILN_MOE_Q_BULK_DOWN");
+        if (down_env == -2) down_env = kn_cuda_env_on("KILN_MOE_Q_BULK_DOWN");
         if (!down_env || !kn_cuda_qgemv_moe_down(be, A, a->down, (const int32_t *)a->idx, (const float *)a->w, a->k,
                                                  a->dim, a->out, a->accumulate))
             moe_quant_down(be, a, A, pieces_env);

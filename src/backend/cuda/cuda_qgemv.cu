@@ -350,7 +350,7 @@ struct qg_rowmap {
     const float *wt;
     int slots;
 };
-__device__ __forceinline__ int64_t qg_row(const qg_stream &st, const qg_rowmap &mp, int64_t n, bool second) {
+__device__ __forceinline__ int64_t qg_row(const qg_rowmap &mp, int64_t n, bool second) {
     const int64_t j = n / mp.inter, base = (int64_t)__ldcg(mp.idx + j) * 2 * mp.inter + (n - j * mp.inter);
     return second ? base + mp.inter : base;
 }
@@ -595,7 +595,7 @@ __device__ __forceinline__ void qb_issue(const qg_stream &st, const qg_rowmap &m
 #pragma unroll
     for (int r = 0; r < QG_RW; r++) {
         const int64_t n = pos.set * C + r / NR < st.N ? pos.set * C + r / NR : st.N - 1; /* past N: read, dropped */
-        const int64_t row = MAP == QG_MAP_GATE_UP ? qg_row(st, mp, n, r % NR) : (r % NR) ? n + st.N : n;
+        const int64_t row = MAP == QG_MAP_GATE_UP ? qg_row(mp, n, r % NR) : (r % NR) ? n + st.N : n;
         bulk_load(dst + r * 32 * QB_U * 16, q + (row * st.P + j0) * 16, cb, bar, pol);
         const int64_t so = (row * st.G + g0) * SBSZ;
         bulk_load(dsc + r * gm.gc * SBSZ, scales + so, sb, bar, pol);
@@ -791,10 +791,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
      * 4-bit Llama-3-8B 400-404 -> 412-417 tok/s (1k context 374 -> 389),
      * 8-bit 270 -> 275; KILN_QGEMV_EVICT_FIRST=0 turns it off (A/B runs) */
     static int evict_env = -2;
-    if (evict_env == -2) {
-        const char *e = getenv("KILN_QGEMV_EVICT_FIRST");
-        evict_env = !(e && strcmp(e, "0") == 0);
-    }
+    if (evict_env == -2) evict_env = kn_cuda_env_on("KILN_QGEMV_EVICT_FIRST");
     gm.evict_first = evict_env;
     static size_t smem_allowed = 0; /* per instantiation */
     if (smem > smem_allowed) {
@@ -857,18 +854,28 @@ static int launch_qgemv_u(kn_backend *be, const float *x, const kn_weight *w, in
                           w->group_size, bias, out, accumulate, norm_w, eps) == cudaSuccess;
 }
 
+/* launch_qgemv_bulk with w's scales format as its template argument (no
+ * conversion branch per piece) */
+template <int BITS, int M, int NORM, int EPI, int MAP = QG_MAP_DENSE>
+static int launch_qgemv_bulk_sb(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias,
+                                float *out, int accumulate, const float *norm_w, float eps,
+                                qg_rowmap mp = {NULL, 0, NULL, 0}) {
+    switch (w->sb_dtype) {
+    case KN_DT_BF16:
+        return launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_BF16, MAP>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
+    case KN_DT_F16:
+        return launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_F16, MAP>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
+    default:
+        return launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_F32, MAP>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
+    }
+}
+
 template <int BITS, int M, int NORM, int EPI>
 static int launch_qgemv(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias, float *out,
                         int accumulate, const float *norm_w, float eps) {
     static int bulk = -1;
     if (bulk < 0) bulk = !getenv("KILN_QGEMV_NO_BULK"); /* A/B measurement */
-    if (bulk) { /* the scales' format a template argument: no conversion branch per piece */
-        const int sb = w->sb_dtype;
-        if (sb == KN_DT_BF16 ? launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_BF16>(be, x, w, N, bias, out, accumulate, norm_w, eps)
-            : sb == KN_DT_F16 ? launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_F16>(be, x, w, N, bias, out, accumulate, norm_w, eps)
-                              : launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_F32>(be, x, w, N, bias, out, accumulate, norm_w, eps))
-            return 1;
-    }
+    if (bulk && launch_qgemv_bulk_sb<BITS, M, NORM, EPI>(be, x, w, N, bias, out, accumulate, norm_w, eps)) return 1;
     /* 2 pieces per row per chunk: 4 was slower on the H200 (1 block per SM by registers) */
     return launch_qgemv_u<BITS, M, NORM, EPI, 2>(be, x, w, N, bias, out, accumulate, norm_w, eps);
 }
@@ -883,11 +890,17 @@ static int qgemv_m(kn_backend *be, const float *x, const kn_weight *w, const flo
                   : launch_qgemv<BITS, M, 0, KN_EPI_NONE>(be, x, w, w->rows, bias, out, accumulate, norm_w, eps);
 }
 
+/* 1 when every kernel of this file can read w: 4/8-bit codes, groups a
+ * power of two of whole 16-byte pieces up to 512, rows of whole groups */
+static int qg_weight_fits(const kn_weight *w) {
+    const int gs = w->group_size;
+    return (w->bits == 4 || w->bits == 8) && gs % (w->bits == 4 ? 32 : 16) == 0 && gs <= 512 && !(gs & (gs - 1)) &&
+           w->cols % gs == 0 && w->rows >= 1;
+}
+
 int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                   int accumulate, const float *norm_w, float eps, int epi) {
-    if (M < 1 || M > KN_CUDA_GEMV_MAX_M || (w->bits != 4 && w->bits != 8)) return 0;
-    const int gs = w->group_size;
-    if (gs % (w->bits == 4 ? 32 : 16) || gs > 512 || (gs & (gs - 1)) || w->cols % gs || w->rows < 1) return 0;
+    if (M < 1 || M > KN_CUDA_GEMV_MAX_M || !qg_weight_fits(w)) return 0;
     if (epi == KN_EPI_SWIGLU && (w->rows % 2 || accumulate)) return 0;
     if (((uintptr_t)x & 15) || ((uintptr_t)w->data & 15) || ((uintptr_t)norm_w & 15)) return 0;
     if (w->bits == 4)
@@ -903,53 +916,27 @@ int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, con
  * every kernel of this file. The ids are read after the wait on the
  * previous kernel (it writes them), so no load goes out before it. Returns 0,
  * having enqueued nothing, where the shape does not suit the bulk kernel. */
-template <int BITS, int NORM>
-static int moe_gate_up_sb(kn_backend *be, const float *x, const kn_weight *gu, const int32_t *idx, int k, int inter,
-                          float *A, const float *norm_w, float eps) {
-    const qg_rowmap mp = {idx, inter, NULL, 0};
-    const int64_t N = (int64_t)k * inter;
-    const int sb = gu->sb_dtype;
-    constexpr int MAP = QG_MAP_GATE_UP;
-    return sb == KN_DT_BF16 ? launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_BF16, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
-           : sb == KN_DT_F16 ? launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_F16, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
-                             : launch_qgemv_bulk<BITS, 1, NORM, KN_EPI_SWIGLU, KN_DT_F32, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp);
-}
-
 int kn_cuda_qgemv_moe_gate_up(kn_backend *be, const float *x, const kn_weight *gu, const int32_t *idx, int k,
                               int inter, float *A, const float *norm_w, float eps) {
-    if (gu->bits != 4 && gu->bits != 8) return 0;
-    const int gs = gu->group_size;
-    if (gs % (gu->bits == 4 ? 32 : 16) || gs > 512 || (gs & (gs - 1)) || gu->cols % gs || k < 1 || inter < 1 ||
-        gu->rows % (2 * (int64_t)inter))
-        return 0;
+    if (!qg_weight_fits(gu) || k < 1 || inter < 1 || gu->rows % (2 * (int64_t)inter)) return 0;
     if (((uintptr_t)x & 15) || ((uintptr_t)gu->data & 15) || ((uintptr_t)norm_w & 15)) return 0;
+    const qg_rowmap mp = {idx, inter, NULL, 0};
+    const int64_t N = (int64_t)k * inter;
+    constexpr int MAP = QG_MAP_GATE_UP, SW = KN_EPI_SWIGLU;
     if (gu->bits == 4)
-        return norm_w ? moe_gate_up_sb<4, 1>(be, x, gu, idx, k, inter, A, norm_w, eps)
-                      : moe_gate_up_sb<4, 0>(be, x, gu, idx, k, inter, A, norm_w, eps);
-    return norm_w ? moe_gate_up_sb<8, 1>(be, x, gu, idx, k, inter, A, norm_w, eps)
-                  : moe_gate_up_sb<8, 0>(be, x, gu, idx, k, inter, A, norm_w, eps);
-}
-
-template <int BITS>
-static int moe_down_sb(kn_backend *be, const float *A, const kn_weight *dn, const int32_t *idx, const float *wt, int k,
-                       int dim, float *out, int accumulate) {
-    const qg_rowmap mp = {idx, dn->cols, wt, k};
-    const int sb = dn->sb_dtype;
-    constexpr int MAP = QG_MAP_DOWN;
-    return sb == KN_DT_BF16 ? launch_qgemv_bulk<BITS, 1, 0, KN_EPI_NONE, KN_DT_BF16, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp)
-           : sb == KN_DT_F16 ? launch_qgemv_bulk<BITS, 1, 0, KN_EPI_NONE, KN_DT_F16, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp)
-                             : launch_qgemv_bulk<BITS, 1, 0, KN_EPI_NONE, KN_DT_F32, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp);
+        return norm_w ? launch_qgemv_bulk_sb<4, 1, 1, SW, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
+                      : launch_qgemv_bulk_sb<4, 1, 0, SW, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp);
+    return norm_w ? launch_qgemv_bulk_sb<8, 1, 1, SW, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp)
+                  : launch_qgemv_bulk_sb<8, 1, 0, SW, MAP>(be, x, gu, N, NULL, A, 0, norm_w, eps, mp);
 }
 
 int kn_cuda_qgemv_moe_down(kn_backend *be, const float *A, const kn_weight *dn, const int32_t *idx, const float *wt,
                            int k, int dim, float *out, int accumulate) {
-    if (dn->bits != 4 && dn->bits != 8) return 0;
-    const int gs = dn->group_size;
     const int64_t inter = dn->cols;
-    if (gs % (dn->bits == 4 ? 32 : 16) || gs > 512 || (gs & (gs - 1)) || inter % gs || inter % 16 || k < 1 ||
-        dim < 1 || dn->rows % dim)
-        return 0;
+    if (!qg_weight_fits(dn) || inter % 16 || k < 1 || dim < 1 || dn->rows % dim) return 0;
     if (((uintptr_t)A & 15) || ((uintptr_t)dn->data & 15)) return 0;
-    return dn->bits == 4 ? moe_down_sb<4>(be, A, dn, idx, wt, k, dim, out, accumulate)
-                         : moe_down_sb<8>(be, A, dn, idx, wt, k, dim, out, accumulate);
+    const qg_rowmap mp = {idx, inter, wt, k};
+    constexpr int MAP = QG_MAP_DOWN, NO = KN_EPI_NONE;
+    return dn->bits == 4 ? launch_qgemv_bulk_sb<4, 1, 0, NO, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp)
+                         : launch_qgemv_bulk_sb<8, 1, 0, NO, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp);
 }

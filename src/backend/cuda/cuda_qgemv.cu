@@ -567,7 +567,7 @@ __host__ __device__ constexpr int qb_sbsz() { return SB == KN_DT_F32 ? 4 : 2; }
 template <int BITS, int NR, int SB, int MAP>
 __device__ __forceinline__ void qb_issue(const qg_stream &st, const qg_rowmap &mp, const qb_geom &gm, qg_pos pos,
                                          const uint8_t *q, const uint8_t *scales, const uint8_t *biases, uint8_t *dst,
-                                         uint64_t *bar, uint64_t pol) {
+                                         uint64_t *bar, uint64_t pol, const int32_t *sids) {
     constexpr int C = QG_RW / NR, E = 128 / BITS;
     const int64_t j0 = (int64_t)32 * QB_U * pos.i;
     const int64_t pieces = st.P - j0 < 32 * QB_U ? st.P - j0 : 32 * QB_U;
@@ -582,7 +582,7 @@ __device__ __forceinline__ void qb_issue(const qg_stream &st, const qg_rowmap &m
             const int64_t n = pos.set * C + r < st.N ? pos.set * C + r : st.N - 1; /* past N: read, dropped */
             for (int64_t j = j0; j < j0 + pieces;) {
                 const int64_t sl = j / Pe, jj = j - sl * Pe, je = (sl + 1) * Pe < j0 + pieces ? (sl + 1) * Pe : j0 + pieces;
-                const int64_t row = (int64_t)__ldcg(mp.idx + sl) * st.N + n;
+                const int64_t row = (int64_t)sids[sl] * st.N + n;
                 bulk_load(dst + (r * 32 * QB_U + (j - j0)) * 16, q + (row * Pe + jj) * 16, (uint32_t)((je - j) * 16), bar,
                           pol);
                 j = je;
@@ -715,8 +715,10 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
     __syncwarp();
     __shared__ int32_t sids[MAP == QG_MAP_DOWN ? QG_MAX_SLOTS : 1];
     qb_down_sb dsb = {scales, biases, sids, 0, (int)(mp.inter * BITS / 128), (int)(mp.inter / gs)};
-    if (MAP == QG_MAP_DOWN) /* read before the wait: the gate/up kernel before triggers only after its wait */
+    if (MAP == QG_MAP_DOWN) { /* read before the wait: the gate/up kernel before triggers only after its wait */
         for (int i = threadIdx.x; i < mp.slots; i += QG_WARPS * 32) sids[i] = __ldcg(mp.idx + i);
+        __syncthreads(); /* one L2 round trip for the block, not one per run a copy starts */
+    }
     if (MAP != QG_MAP_GATE_UP) kn_pdl_trigger();
     const uint64_t pol = gm.evict_first ? l2_evict_first_policy() : 0;
     qg_pos pl = {st.set0, 0}; /* the next chunk to request */
@@ -727,7 +729,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
     }
     for (int f = 0; f < S && f < total; f++) { /* weights (and the down form's ids) only: before the wait */
         if (lane == 0)
-            qb_issue<BITS, NR, SB, MAP>(st, mp, gm, pl, q, scales, biases, bufs + (size_t)f * gm.stage_bytes, bars + f, pol);
+            qb_issue<BITS, NR, SB, MAP>(st, mp, gm, pl, q, scales, biases, bufs + (size_t)f * gm.stage_bytes, bars + f, pol,
+                                        sids);
         pl = qg_next(st, pl);
     }
     float acc[QG_RW][M];
@@ -741,7 +744,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
         qb_compute<BITS, M, SB, MAP>(st, gm, p, lane, buf, s, (int)K, acc, dsb);
         __syncwarp(); /* every lane is done with the buffer before it is refilled */
         if (f + S < total) {
-            if (lane == 0) qb_issue<BITS, NR, SB, MAP>(st, mp, gm, pl, q, scales, biases, buf, bars + stage, pol);
+            if (lane == 0) qb_issue<BITS, NR, SB, MAP>(st, mp, gm, pl, q, scales, biases, buf, bars + stage, pol, sids);
             pl = qg_next(st, pl);
         }
         if (p.i == st.nch - 1) qg_finish_set<M, EPI>(st, p.set, lane, acc, bias, out, accumulate);

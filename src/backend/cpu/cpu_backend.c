@@ -676,7 +676,7 @@ kn_code kn_cpu_backend_create(int n_threads, kn_backend **out, kn_error *err) {
      * transformers' bf16 activations do; without them x stays f32 */
     if (c->k->gemm_bf16) c->base.matmul_x_rounding_min_rows = c->k->gemv_bf16 ? 1 : 17;
     c->base.moe_quantized_experts = 1; /* kn_cpu_moe_ffn: per-expert row views through matmul */
-    if (c->k->qgemv) c->base.quant_x_rel_error = 1.0 / 32512; /* the VNNI GEMV and GEMM (cpu_qgemm_vnni.c) */
+    if (c->k->qgemv) c->base.quant_x_rel_error = 1.0 / 32512; /* the VNNI or AVX2 integer GEMV (and VNNI GEMM) */
     c->attn_scratch_len = KN_CPU_MAX_CONTEXT;
     c->gemm_scratch = cpu_alloc(&c->base, (size_t)c->base.n_threads * KN_GEMM_SCRATCH * sizeof(float));
     /* calloc-free: pages are touched only as far as contexts actually reach */

@@ -105,6 +105,9 @@ static inline size_t kn_gemm_packed_floats(int M, int64_t K) {
 extern const kn_cpu_kernels kn_cpu_kernels_scalar;
 #if defined(__x86_64__)
 extern const kn_cpu_kernels kn_cpu_kernels_avx2;
+/* cpu_qgemv_avx2.c: the AVX2 set's qgemv_prep / qgemv (4/8-bit, vpmaddubsw) */
+void kn_qgemv_prep_avx2(const float *x, int M, int64_t K, int bits, int gs, void *prep);
+int kn_qgemv_avx2(const void *prep, int M, const kn_weight *w, const float *bias, float *out, int64_t n0, int64_t n1);
 /* the AVX2 set with AVX-512 (F/BW/VL/BF16) kernels in place of some */
 const kn_cpu_kernels *kn_cpu_kernels_avx512(void);
 /* cpu_qgemm_vnni.c: the AVX-512 VNNI prefill matmul over 4/8-bit codes */

@@ -313,5 +313,5 @@ static uint64_t read_sum_avx2(const void *p, size_t bytes) {
 
 const kn_cpu_kernels kn_cpu_kernels_avx2 = {
     .name = "avx2", .gemv = gemv_avx2, .gemm = gemm_avx2, .pack_a = pack_a_avx2, .dot = dot_avx2,
-    .axpy = axpy_avx2, .read_sum = read_sum_avx2,
+    .axpy = axpy_avx2, .read_sum = read_sum_avx2, .qgemv_prep = kn_qgemv_prep_avx2, .qgemv = kn_qgemv_avx2,
 };

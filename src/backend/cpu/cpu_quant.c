@@ -7,10 +7,12 @@
  * a small float buffer with exactly quant.h's arithmetic (scale * q + bias in
  * float32) and take the dot products with the kernel set's dot, so results
  * match a float32 matmul over the dequantized matrix up to summation order.
- * The AVX-512 set's decode GEMV (VNNI) instead dots the codes with x as two
+ * The AVX-512 VNNI and AVX2 decode GEMVs instead dot the codes with x as two
  * int8 terms per element, x ~ xscale * (h + l / 256) per 32-element block
  * (|error| <= max|x over the block| / 32512 per element; see
- * cpu_kernels_avx512.c); its prefill GEMM is the f32 one. */
+ * cpu_kernels_avx512.c, cpu_qgemv_avx2.c), as does the VNNI prefill GEMM
+ * (cpu_qgemm_vnni.c); without that GEMM the AVX2 GEMV runs over slabs of
+ * x (qgemv_slabs). */
 #include "backend/cpu/cpu_quant.h"
 #include "backend/cpu/cpu_stream.h"
 
@@ -170,11 +172,46 @@ static int qgemm_fast(kn_backend *be, const kn_cpu_kernels *k, float **prep, siz
     return ok;
 }
 
+/* Large M without the kernel set's GEMM (the AVX2 set): its decode GEMV over
+ * slabs of QSLAB_ROWS rows of x, each weight row streamed once per slab and
+ * reused from L1 for the slab's rows, 4 at a time. Measured on the 2-core
+ * Zen 5 with KILN_CPU_KERNELS=avx2 (0.44B 4-bit, 128-token prefill): see
+ * docs/PERF.md (twenty-fifth session). 0 when it does not apply. */
+#define QSLAB_ROWS 64
+static int qgemv_slabs(kn_backend *be, const kn_cpu_kernels *k, float **prep, size_t *prep_floats, const float *x,
+                       int M, const kn_weight *w, const float *bias, float *out) {
+    const int64_t K = w->cols, N = w->rows, G = K / w->group_size;
+    if (k->qgemm || !k->qgemv || (w->bits != 4 && w->bits != 8) || K % 32 != 0) return 0;
+    const int slab = M < QSLAB_ROWS ? M : QSLAB_ROWS;
+    const size_t need = kn_qgemv_prep_floats(slab, K, G);
+    if (need > *prep_floats) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, need * sizeof(float)) != 0) return 0;
+        free(*prep);
+        *prep = p, *prep_floats = need;
+    }
+    void *xp = *prep;
+    const int64_t chunk = 16, n_chunks = (N + chunk - 1) / chunk;
+    for (int m0 = 0; m0 < M; m0 += slab) {
+        const int mm = M - m0 < slab ? M - m0 : slab;
+        k->qgemv_prep(x + (int64_t)m0 * K, mm, K, w->bits, w->group_size, xp);
+        float *o = out + (int64_t)m0 * N;
+#pragma omp parallel for num_threads(be->n_threads) schedule(dynamic, 1)
+        for (int64_t ch = 0; ch < n_chunks; ch++) {
+            const int64_t n0 = ch * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+            k->qgemv(xp, mm, w, bias, o, n0, n1);
+        }
+    }
+    return 1;
+}
+
 void kn_cpu_qmatmul(kn_backend *be, const kn_cpu_kernels *k, float *scratch, float **prep, size_t *prep_floats,
                     const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     const int64_t N = w->rows;
     const int nt = be->n_threads;
-    if (M > 16 && qgemm_fast(be, k, prep, prep_floats, x, M, w, bias, out)) return;
+    if (M > 16 && (qgemm_fast(be, k, prep, prep_floats, x, M, w, bias, out) ||
+                   qgemv_slabs(be, k, prep, prep_floats, x, M, w, bias, out)))
+        return;
     if (M <= 4) {
         const int64_t chunk = 64, n_chunks = (N + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)

@@ -540,6 +540,49 @@ static void check_moe_active_bytes(void) {
     kn_model_close(m);
 }
 
+/* A device failure the backend reports after a step (a kernel that did not
+ * launch, a fault found at the synchronization) fails that step with the
+ * backend's message instead of returning its garbage; the next step runs. */
+static const kn_backend_vtbl *real_vt;
+static int fault_pending;
+static kn_code injected_take_error(kn_backend *be, kn_error *err) {
+    if (real_vt->take_error) {
+        kn_code rc = real_vt->take_error(be, err);
+        if (rc) return rc;
+    }
+    if (!fault_pending) return KN_OK;
+    fault_pending = 0;
+    return kn_fail(err, KN_ERR_BACKEND, "test: injected device fault");
+}
+static void check_device_error(void) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/llama", kn_test_fixtures());
+    kn_model *m;
+    kn_error err = {0};
+    kn_model_options o = {.n_threads = 2, .backend = getenv("KILN_TEST_BACKEND")};
+    if (kn_model_open(dir, &o, &m, &err)) {
+        CHECK(0, "device error: open: %s", err.msg);
+        return;
+    }
+    static kn_backend_vtbl faulty;
+    real_vt = m->be->vt;
+    faulty = *real_vt;
+    faulty.take_error = injected_take_error;
+    m->be->vt = &faulty;
+    const int32_t ids[3] = {1, 2, 3};
+    float *logits = malloc((size_t)3 * m->cfg.vocab_size * sizeof(float));
+    fault_pending = 1;
+    kn_code rc = kn_model_logits(m, ids, 3, logits, &err);
+    CHECK(rc == KN_ERR_BACKEND && strstr(err.msg, "injected device fault"),
+          "device error: a faulted step returned %d (\"%s\")", (int)rc, err.msg);
+    memset(&err, 0, sizeof err);
+    rc = kn_model_logits(m, ids, 3, logits, &err);
+    CHECK(rc == KN_OK, "device error: the step after a fault failed: %s", err.msg);
+    m->be->vt = real_vt;
+    free(logits);
+    kn_model_close(m);
+}
+
 int main(int argc, char **argv) {
     const int brc = kn_test_backend_probe("test_parity");
     if (brc) return brc;
@@ -563,6 +606,7 @@ int main(int argc, char **argv) {
         check_sliding_ring();
         check_ignored_components();
         check_moe_active_bytes();
+        check_device_error();
     }
     return kn_test_done("test_parity");
 }

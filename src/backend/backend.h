@@ -368,6 +368,11 @@ typedef struct kn_backend_vtbl {
      * token reads that this step writes is its own. r->qk's query heads are
      * left unspecified (rotated or not): callers do not read them after. */
     int (*rope_kv_attention)(kn_backend *be, const kn_rope_kv_args *r, const kn_attention_args *a);
+    /* optional (NULL: the backend's ops cannot fail): the first device
+     * failure since the last call (a kernel that did not launch, a fault
+     * found when the stream synchronized) as an error, then forgotten;
+     * KN_OK when there was none. Callers ask after a synchronizing call. */
+    kn_code (*take_error)(kn_backend *be, kn_error *err);
 } kn_backend_vtbl;
 
 enum { KN_EPI_NONE = 0, KN_EPI_SWIGLU = 1 };
@@ -409,6 +414,9 @@ static inline void kn_be_free(kn_backend *be, void *p) { if (p) be->vt->free(be,
 static inline void kn_be_upload(kn_backend *be, void *d, const void *s, size_t n) { be->vt->upload(be, d, s, n); }
 static inline void kn_be_download(kn_backend *be, void *d, const void *s, size_t n) { be->vt->download(be, d, s, n); }
 static inline void kn_be_sync(kn_backend *be) { be->vt->sync(be); }
+static inline kn_code kn_be_take_error(kn_backend *be, kn_error *err) {
+    return be->vt->take_error ? be->vt->take_error(be, err) : KN_OK;
+}
 
 static inline kn_code kn_be_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_t cols, const void *host,
                                         int may_borrow, kn_weight *out, kn_error *err) {

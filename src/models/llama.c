@@ -1003,5 +1003,5 @@ kn_code kn_model_forward(kn_model *m, const kn_batch *b, float *logits, kn_error
     else if (key && b->n_logits > 0)
         kn_be_download(be, logits, m->logits, (size_t)b->n_logits * c->vocab_size * sizeof(float));
     kn_be_sync(be);
-    return KN_OK;
+    return kn_be_take_error(be, err); /* a kernel that did not run or faulted: the step's outputs are not valid */
 }

@@ -582,7 +582,7 @@ kn_code kn_whisper_encode(kn_whisper *w, const float *mel, kn_error *err) {
     for (int l = 0; l < c->dec_layers; l++)
         be->vt->matmul(be, w->conv_out, T, &w->dec[l].ckv, w->dec[l].ckv_b, w->dec[l].cross_kv);
     kn_be_sync(be);
-    return KN_OK;
+    return kn_be_take_error(be, err);
 }
 
 void kn_whisper_encoder_output(kn_whisper *w, float *out) {
@@ -701,7 +701,7 @@ kn_code kn_whisper_decode(kn_whisper *w, int n_slots, int n_new, const int32_t *
     be->vt->matmul(be, w->xn, n_out, &w->embed, NULL, w->logits);
     kn_be_sync(be);
     kn_be_download(be, logits, w->logits, sizeof(float) * (size_t)n_out * (size_t)c->vocab_size);
-    return KN_OK;
+    return kn_be_take_error(be, err);
 }
 
 kn_code kn_whisper_reorder(kn_whisper *w, int n_slots, const int *src, int len, kn_error *err) {

@@ -44,6 +44,26 @@ static cuda_backend *cu(kn_backend *be) { return (cuda_backend *)be; }
 void kn_cuda_check(cudaError_t e, const char *what) {
     if (e != cudaSuccess) fprintf(stderr, "kiln: cuda %s: %s\n", what, cudaGetErrorString(e));
 }
+void kn_cuda_note(kn_backend *be, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return;
+    cuda_backend *c = cu(be);
+    if (c->capturing) { /* the capture fails, and the forward runs again eagerly (cu_graph_end): kept then */
+        kn_cuda_check(e, what);
+        return;
+    }
+    if (c->dev_err == cudaSuccess) {
+        /* printed once: the failures after it follow from it */
+        fprintf(stderr, "kiln: cuda %s: %s\n", what, cudaGetErrorString(e));
+        c->dev_err = e, c->dev_err_what = what;
+    }
+}
+static kn_code cu_take_error(kn_backend *be, kn_error *err) {
+    cuda_backend *c = cu(be);
+    if (c->dev_err == cudaSuccess) return KN_OK;
+    const cudaError_t e = c->dev_err;
+    c->dev_err = cudaSuccess;
+    return kn_fail(err, KN_ERR_BACKEND, "cuda %s: %s", c->dev_err_what, cudaGetErrorString(e));
+}
 #define check kn_cuda_check
 #define load_w kn_cuda_load_w
 
@@ -95,18 +115,18 @@ static void cu_upload(kn_backend *be, void *d, const void *s, size_t n) {
         check(cudaMemcpyAsync(d, st, n, cudaMemcpyHostToDevice, c->stream), "upload");
         return;
     }
-    check(cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream), "upload");
+    kn_cuda_note(be, cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream), "upload");
     /* callers may reuse the host buffer at once: wait for the copy */
-    check(cudaStreamSynchronize(c->stream), "upload sync");
+    kn_cuda_note(be, cudaStreamSynchronize(c->stream), "upload sync");
     staging_rewind(c);
 }
 static void cu_download(kn_backend *be, void *d, const void *s, size_t n) {
-    check(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToHost, cu(be)->stream), "download");
-    check(cudaStreamSynchronize(cu(be)->stream), "download sync");
+    kn_cuda_note(be, cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToHost, cu(be)->stream), "download");
+    kn_cuda_note(be, cudaStreamSynchronize(cu(be)->stream), "download sync");
     staging_rewind(cu(be));
 }
 static void cu_sync(kn_backend *be) {
-    check(cudaStreamSynchronize(cu(be)->stream), "sync");
+    kn_cuda_note(be, cudaStreamSynchronize(cu(be)->stream), "sync");
     staging_rewind(cu(be));
 }
 static void cu_destroy(kn_backend *be) {
@@ -647,8 +667,8 @@ static void cu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, int
 }
 static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, int64_t os, int rows, int groups,
                         int dim, const float *w, float eps) {
-    kn_cuda_launch(be, k_rms_norm, dim3((unsigned)(rows * groups)), dim3(dim >= 256 ? 256 : 64), 0, x, xs, out, os, groups,
-                   dim, w, eps);
+    kn_cuda_run(be, "rms_norm", k_rms_norm, dim3((unsigned)(rows * groups)), dim3(dim >= 256 ? 256 : 64), 0, x, xs,
+                out, os, groups, dim, w, eps);
 }
 static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                    int accumulate) {
@@ -680,8 +700,8 @@ static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int 
     const int rhalf = r->rot_dim / 2, threads = rhalf >= 128 ? 128 : (rhalf + 31) / 32 * 32;
     dim3 grid((unsigned)n_tokens, (unsigned)((n_heads + ROPE_HEADS - 1) / ROPE_HEADS));
     if (rhalf > 0)
-        kn_cuda_launch(be, k_rope, grid, dim3(threads), 0, x, stride, n_heads, head_dim, pos, r->inv_freq, r->rot_dim,
-                       r->attn_scale);
+        kn_cuda_run(be, "rope", k_rope, grid, dim3(threads), 0, x, stride, n_heads, head_dim, pos, r->inv_freq,
+                    r->rot_dim, r->attn_scale);
 }
 static int cu_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t stride, int n_tokens, int n_q_heads,
                             int n_kv_heads, int head_dim, const int32_t *pos, const kn_rope_table *r,
@@ -697,23 +717,24 @@ static int cu_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t s
                                : rhalf >= 128 ? 128 : (rhalf + 31) / 32 * 32;
     if (q_norm && head_dim > threads * ROPE_NORM_PER) return 0;
     dim3 grid((unsigned)n_tokens, (unsigned)((nh + ROPE_HEADS - 1) / ROPE_HEADS));
-    kn_cuda_launch(be, bf16 ? k_rope_kv<true> : k_rope_kv<false>, grid, dim3(threads), 0, qk, v, stride, n_q_heads, nh,
-                   head_dim, pos, r->inv_freq, r->rot_dim, r->attn_scale, kv->k, kv->v, slots, q_norm, k_norm, eps);
+    kn_cuda_run(be, "rope_kv", bf16 ? k_rope_kv<true> : k_rope_kv<false>, grid, dim3(threads), 0, qk, v, stride,
+                n_q_heads, nh, head_dim, pos, r->inv_freq, r->rot_dim, r->attn_scale, kv->k, kv->v, slots, q_norm,
+                k_norm, eps);
     return 1;
 }
 static void cu_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, const float *v, int64_t stride,
                         int n_tokens, const int32_t *slots) {
     if (kv->k_fmt == KN_KVF_BF16 && kv->v_fmt == KN_KVF_BF16) {
-        kn_cuda_launch(be, k_kv_write_bf16, dim3(n_tokens), dim3(256), 0, (uint16_t *)kv->k, (uint16_t *)kv->v, k, v,
-                       stride, (int64_t)kv->n_kv_heads * kv->head_dim, slots);
+        kn_cuda_run(be, "kv_write_bf16", k_kv_write_bf16, dim3(n_tokens), dim3(256), 0, (uint16_t *)kv->k,
+                    (uint16_t *)kv->v, k, v, stride, (int64_t)kv->n_kv_heads * kv->head_dim, slots);
         return;
     }
     if (kv->k_fmt != KN_KVF_F32 || kv->v_fmt != KN_KVF_F32) { /* quantize on write: cuda_kv.cu */
         kn_cuda_kv_write(be, kv, k, v, stride, n_tokens, slots);
         return;
     }
-    kn_cuda_launch(be, k_kv_write, dim3(n_tokens), dim3(256), 0, (float *)kv->k, (float *)kv->v, k, v, stride,
-                   (int64_t)kv->n_kv_heads * kv->head_dim, slots);
+    kn_cuda_run(be, "kv_write", k_kv_write, dim3(n_tokens), dim3(256), 0, (float *)kv->k, (float *)kv->v, k, v, stride,
+                (int64_t)kv->n_kv_heads * kv->head_dim, slots);
 }
 /* Delayed conversion: staging rows widened to f32 (a chunk of slots at a
  * time through a scratch buffer), then written into the layer's formats by
@@ -732,7 +753,8 @@ static void cu_kv_convert(kn_backend *be, const kn_kv_layer *kv, const int32_t *
     }
     for (int c0 = 0; c0 < n; c0 += chunk) {
         const int nc = n - c0 < chunk ? n - c0 : chunk;
-        kn_cuda_launch(be, k_kv_stage_rows, dim3(nc), dim3(256), 0, *kv, src + c0, buf, buf + (size_t)chunk * w, w);
+        kn_cuda_run(be, "kv_stage_rows", k_kv_stage_rows, dim3(nc), dim3(256), 0, *kv, src + c0, buf,
+                    buf + (size_t)chunk * w, w);
         cu_kv_write(be, kv, buf, buf + (size_t)chunk * w, w, nc, dst + c0);
     }
 }
@@ -811,6 +833,7 @@ static const kn_backend_vtbl cuda_vtbl = {
     kn_cuda_log_mel,           /* cuda_mel.cu (cuFFT) */
     kn_cuda_mlp_swiglu_add,    /* cuda_gemm.cu */
     kn_cuda_rope_kv_attention, /* cuda_kv.cu */
+    cu_take_error,
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

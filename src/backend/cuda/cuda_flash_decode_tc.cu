@@ -638,8 +638,8 @@ static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, 
         cudaGetLastError();
         cl_env = 0;
     }
-    kn_cuda_launch(be, plain, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial, f.counters,
-                   prefetch, rk);
+    kn_cuda_run(be, "flash decode", plain, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial,
+                f.counters, prefetch, rk);
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans, kn_tc_rope rk) {

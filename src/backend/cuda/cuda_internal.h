@@ -55,6 +55,9 @@ typedef struct {
     int n_graphs, graphs_disabled, capturing;
     int pdl;      /* programmatic dependent launch in use (sm_90+, KILN_NO_PDL unset) */
     int clusters; /* thread-block clusters available (sm_90+) */
+    /* the first device failure not yet taken (backend.h take_error) */
+    cudaError_t dev_err;
+    const char *dev_err_what;
 } kn_cuda_backend;
 
 /* The stream every op of this backend is enqueued on. */
@@ -121,6 +124,10 @@ const kn_backend_vtbl *kn_cuda_profile_vtbl(const kn_backend_vtbl *real);
 
 /* Print a CUDA error (ops are infallible by contract; failures are reported). */
 void kn_cuda_check(cudaError_t e, const char *what);
+/* kn_cuda_check, and keep the first failure for the backend's take_error:
+ * for kernels launched without a fallback and for the synchronizations that
+ * report faults of the stream's work (the model's step then fails with it) */
+void kn_cuda_note(kn_backend *be, cudaError_t e, const char *what);
 
 /* whisper op block (cuda_ops_whisper.cu) */
 extern "C" void kn_cuda_im2col_1d(kn_backend *be, const float *x, int64_t xts, int64_t xcs, int t_in, int c_in,
@@ -285,6 +292,14 @@ template <typename... KArgs, typename... Args>
 static inline cudaError_t kn_cuda_launch(kn_backend *be, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                          Args... args) {
     return kn_cuda_launch_cluster(be, k, grid, block, smem, 1u, args...);
+}
+
+/* kn_cuda_launch for a kernel without a fallback: a launch that fails is
+ * kept for the backend's take_error (kn_cuda_note) */
+template <typename... KArgs, typename... Args>
+static inline void kn_cuda_run(kn_backend *be, const char *what, void (*k)(KArgs...), dim3 grid, dim3 block,
+                               size_t smem, Args... args) {
+    kn_cuda_note(be, kn_cuda_launch(be, k, grid, block, smem, args...), what);
 }
 
 /* 1 when kernel k may be launched with smem bytes of dynamic shared memory:

@@ -214,12 +214,12 @@ int kn_cuda_rope_kv_write(kn_backend *be, float *qk, const float *v, int64_t str
     if (r->rot_dim != D || !warp_encodes(kv->k_fmt, D) || !warp_encodes(kv->v_fmt, D) || n_tokens < 1) return 0;
     const dim3 grid((unsigned)((rows + 3) / 4)), block(128);
     switch (D) {
-    case 64: kn_cuda_launch(be, k_rope_kv_write_warp<2>, grid, block, 0, *kv, qk, v, stride, n_tokens, n_q, pos,
-                            r->inv_freq, r->attn_scale, slots); return 1;
-    case 128: kn_cuda_launch(be, k_rope_kv_write_warp<4>, grid, block, 0, *kv, qk, v, stride, n_tokens, n_q, pos,
-                             r->inv_freq, r->attn_scale, slots); return 1;
-    case 256: kn_cuda_launch(be, k_rope_kv_write_warp<8>, grid, block, 0, *kv, qk, v, stride, n_tokens, n_q, pos,
-                             r->inv_freq, r->attn_scale, slots); return 1;
+    case 64: kn_cuda_run(be, "rope_kv_write_warp", k_rope_kv_write_warp<2>, grid, block, 0, *kv, qk, v, stride,
+                         n_tokens, n_q, pos, r->inv_freq, r->attn_scale, slots); return 1;
+    case 128: kn_cuda_run(be, "rope_kv_write_warp", k_rope_kv_write_warp<4>, grid, block, 0, *kv, qk, v, stride,
+                          n_tokens, n_q, pos, r->inv_freq, r->attn_scale, slots); return 1;
+    case 256: kn_cuda_run(be, "rope_kv_write_warp", k_rope_kv_write_warp<8>, grid, block, 0, *kv, qk, v, stride,
+                          n_tokens, n_q, pos, r->inv_freq, r->attn_scale, slots); return 1;
     default: return 0;
     }
 }
@@ -229,10 +229,13 @@ void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, con
     const int rows = n_tokens * kv->n_kv_heads, D = kv->head_dim;
     if (warp_encodes(kv->k_fmt, D) && warp_encodes(kv->v_fmt, D)) { /* a warp per row */
         const dim3 grid((unsigned)((rows + 3) / 4)), block(128);
-        if (D <= 64) kn_cuda_launch(be, k_kv_write_warp<2>, grid, block, 0, *kv, k, v, stride, rows, slots);
-        else if (D <= 128) kn_cuda_launch(be, k_kv_write_warp<4>, grid, block, 0, *kv, k, v, stride, rows, slots);
-        else if (D <= 256) kn_cuda_launch(be, k_kv_write_warp<8>, grid, block, 0, *kv, k, v, stride, rows, slots);
-        else kn_cuda_launch(be, k_kv_write_warp<16>, grid, block, 0, *kv, k, v, stride, rows, slots);
+        if (D <= 64) kn_cuda_run(be, "kv_write_warp", k_kv_write_warp<2>, grid, block, 0, *kv, k, v, stride, rows,
+                                 slots);
+        else if (D <= 128) kn_cuda_run(be, "kv_write_warp", k_kv_write_warp<4>, grid, block, 0, *kv, k, v, stride,
+                                       rows, slots);
+        else if (D <= 256) kn_cuda_run(be, "kv_write_warp", k_kv_write_warp<8>, grid, block, 0, *kv, k, v, stride,
+                                       rows, slots);
+        else kn_cuda_run(be, "kv_write_warp", k_kv_write_warp<16>, grid, block, 0, *kv, k, v, stride, rows, slots);
         return;
     }
     k_kv_write_fmt<<<(rows + 63) / 64, 64, 0, kn_cuda_stream(be)>>>(*kv, k, v, stride, rows, slots);

@@ -395,8 +395,9 @@ template <int DT, bool NORM> static int moe_decode_dt(kn_backend *be, const kn_m
     const size_t smem = NORM ? (size_t)a->dim * sizeof(float) : 0;
     static size_t smem_allowed = 48 << 10; /* per instantiation */
     if (NORM && !kn_cuda_allow_smem(k_moe_gate_up<DT, NORM>, smem, MD_MAX_SMEM, &smem_allowed)) return 0;
-    kn_cuda_launch(be, k_moe_gate_up<DT, NORM>, g1, dim3(MD_WARPS * 32), smem, a->x, (const uint16_t *)a->gate_up->data,
-                   a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w, a->eps);
+    kn_cuda_run(be, "moe_gate_up", k_moe_gate_up<DT, NORM>, g1, dim3(MD_WARPS * 32), smem, a->x,
+                (const uint16_t *)a->gate_up->data, a->dim, a->inter, (const int32_t *)a->idx, a->act, A, a->norm_w,
+                a->eps);
     /* A in shared memory where it fits (k x inter floats: 24 KB for Qwen3-30B-A3B) */
     const size_t smem_a = (size_t)a->k * (size_t)a->inter * sizeof(float);
     static size_t rows_allowed = 48 << 10, slots_allowed = 48 << 10; /* one per kernel: the choice can vary by shape */
@@ -411,15 +412,16 @@ template <int DT, bool NORM> static int moe_decode_dt(kn_backend *be, const kn_m
                : c == 2 ? k_moe_down_slots_reg<DT, 2>
                : c == 3 ? k_moe_down_slots_reg<DT, 3>
                         : k_moe_down_slots_reg<DT, 4>;
-        kn_cuda_launch(be, down, g2, dim3(MD_WARPS * 32), 0, (const float *)A, (const uint16_t *)a->down->data,
-                       a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w, a->k, a->out, a->accumulate);
+        kn_cuda_run(be, "moe down", down, g2, dim3(MD_WARPS * 32), 0, (const float *)A,
+                    (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w,
+                    a->k, a->out, a->accumulate);
         return 1;
     }
     const int sh = kn_cuda_allow_smem(down, smem_a, MD_MAX_SMEM, use_slots ? &slots_allowed : &rows_allowed);
     if (!sh) down = k_moe_down<DT, false>;
-    kn_cuda_launch(be, down, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0, (const float *)A,
-                   (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w,
-                   a->k, a->out, a->accumulate);
+    kn_cuda_run(be, "moe down", down, g2, dim3(MD_WARPS * 32), sh ? smem_a : 0, (const float *)A,
+                (const uint16_t *)a->down->data, a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w, a->k,
+                a->out, a->accumulate);
     return 1;
 }
 
@@ -649,12 +651,12 @@ static void moe_quant_down(kn_backend *be, const kn_moe_args *a, const float *A,
     const kn_weight *dn = a->down;
     const int aligned = !((uintptr_t)A & 15);
     if (pieces && aligned && a->k <= MD_MAXK && mq_pieces_fit(dn, a->inter, MQ_DN_PIECES))
-        kn_cuda_launch(be, dn->bits == 4 ? k_moe_down_qp<4> : k_moe_down_qp<8>, g2, dim3(MD_WARPS * 32), 0, A,
-                       mq_of(dn), a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w, a->k, a->out,
-                       a->accumulate);
+        kn_cuda_run(be, "moe_down_qp", dn->bits == 4 ? k_moe_down_qp<4> : k_moe_down_qp<8>, g2, dim3(MD_WARPS * 32), 0,
+                    A, mq_of(dn), a->dim, a->inter, (const int32_t *)a->idx, (const float *)a->w, a->k, a->out,
+                    a->accumulate);
     else
-        kn_cuda_launch(be, k_moe_down_q, g2, dim3(MD_WARPS * 32), 0, A, mq_of(dn), a->dim, a->inter,
-                       (const int32_t *)a->idx, (const float *)a->w, a->k, a->out, a->accumulate);
+        kn_cuda_run(be, "moe_down_q", k_moe_down_q, g2, dim3(MD_WARPS * 32), 0, A, mq_of(dn), a->dim, a->inter,
+                    (const int32_t *)a->idx, (const float *)a->w, a->k, a->out, a->accumulate);
 }
 
 /* any mix of quantized and float stacks (switch_mlp keeps a projection float
@@ -684,11 +686,12 @@ static int moe_quant(kn_backend *be, const kn_moe_args *a) {
     }
     if (a->norm_w) return 0; /* the caller normalizes first */
     if (pieces_env && aligned && mq_pieces_fit(gu, a->dim, MQ_GU_PIECES))
-        kn_cuda_launch(be, gu->bits == 4 ? k_moe_gate_up_qp<4> : k_moe_gate_up_qp<8>, g1, dim3(MD_WARPS * 32), 0, a->x,
-                       mq_of(gu), a->dim, a->inter, a->k, (const int32_t *)a->idx, a->act, A);
+        kn_cuda_run(be, "moe_gate_up_qp", gu->bits == 4 ? k_moe_gate_up_qp<4> : k_moe_gate_up_qp<8>, g1,
+                    dim3(MD_WARPS * 32), 0, a->x, mq_of(gu), a->dim, a->inter, a->k, (const int32_t *)a->idx,
+                    a->act, A);
     else
-        kn_cuda_launch(be, k_moe_gate_up_q, g1, dim3(MD_WARPS * 32), 0, a->x, mq_of(gu), a->dim, a->inter, a->k,
-                       (const int32_t *)a->idx, a->act, A);
+        kn_cuda_run(be, "moe_gate_up_q", k_moe_gate_up_q, g1, dim3(MD_WARPS * 32), 0, a->x, mq_of(gu), a->dim,
+                    a->inter, a->k, (const int32_t *)a->idx, a->act, A);
     moe_quant_down(be, a, A, pieces_env);
     return 1;
 }

@@ -362,7 +362,7 @@ extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows,
         : n_experts <= 512 ? k_moe_route<16>
                            : k_moe_route<32>;
     static_assert(KN_MOE_MAX_EXPERTS <= 32 * 32, "k_moe_route holds at most 32 experts per lane");
-    kn_cuda_launch(be, kern, grid, block, 0, logits, rows, n_experts, k, norm_topk, expert_scale, idx, w);
+    kn_cuda_run(be, "moe route", kern, grid, block, 0, logits, rows, n_experts, k, norm_topk, expert_scale, idx, w);
 }
 
 extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim) {

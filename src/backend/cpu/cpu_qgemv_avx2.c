@@ -29,9 +29,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_avx2_inline.h"
 #include "backend/cpu/cpu_kernels.h"
-
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 typedef struct {
     int ce;                                  /* elements per chunk */
@@ -70,13 +69,6 @@ ALWAYS_INLINE float hmax8(__m256 v) {
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
-}
-
-ALWAYS_INLINE float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 void kn_qgemv_prep_avx2(const float *x, int M, int64_t K, int bits, int gs, void *prep) {
@@ -131,27 +123,19 @@ void kn_qgemv_prep_avx2(const float *x, int M, int64_t K, int bits, int gs, void
         for (int64_t g = 0; g < G; g++) {
             __m256 s = _mm256_setzero_ps();
             for (int k = 0; k < gs; k += 8) s = _mm256_add_ps(s, _mm256_loadu_ps(xr + g * gs + k));
-            xs[g] = hsum8(s);
+            xs[g] = hsum(s);
         }
         for (int64_t g = G; g % 8; g++) xs[g] = 0.0f;
     }
 }
 
-/* 8 scales or biases from p as f32 */
-ALWAYS_INLINE __m256 load_sb8_full(const void *p, kn_dtype dt) {
-    if (dt == KN_DT_F32) return _mm256_loadu_ps((const float *)p);
-    const __m128i h = _mm_loadu_si128((const __m128i *)p);
-    if (dt == KN_DT_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-}
-
 /* scales or biases [i, i + n) (n <= 8) as 8 f32 lanes, zero past n */
 ALWAYS_INLINE __m256 load_sb8(const void *p, int64_t i, int n, kn_dtype dt) {
     const size_t esz = dt == KN_DT_F32 ? 4 : 2;
-    if (n == 8) return load_sb8_full((const char *)p + i * esz, dt);
+    if (n == 8) return load8(p, i, dt);
     uint32_t tmp[8] = {0};
     memcpy(tmp, (const char *)p + i * esz, (size_t)n * esz);
-    return load_sb8_full(tmp, dt);
+    return load8(tmp, 0, dt);
 }
 
 /* how far ahead of the code stream the GEMV prefetches (the VNNI kernel's
@@ -217,7 +201,7 @@ ALWAYS_INLINE void qgemv2_rows(const uint8_t *prep, const qlay2 *L, int mr, cons
         }
     }
     for (int i = 0; i < mr; i++)
-        out[(int64_t)i * N + n] = hsum8(_mm256_add_ps(acc[i], bacc[i])) + (bias ? bias[n] : 0.0f);
+        out[(int64_t)i * N + n] = hsum(_mm256_add_ps(acc[i], bacc[i])) + (bias ? bias[n] : 0.0f);
 }
 
 /* up to 4 rows of x per pass over a weight row (constant counts: the

@@ -1494,6 +1494,33 @@ static void test_im2col(int t_in, int c_in, int k, int stride, int pad, int chan
 }
 
 /* whisper: dense attention (encoder / cross / causal decoder cache) */
+/* A kernel the backend cannot run (the CUDA dense attention keeps the scores
+ * of one row in shared memory, so n_kv is bounded there) is kept as the
+ * backend's error: take_error hands it out once, then reports none. The CPU
+ * backend has no bound: it runs the op and keeps no error. */
+static void test_launch_error(void) {
+    const int n_kv = 9000, hd = 8;
+    kn_error err = {0};
+    CHECK(kn_be_take_error(be, &err) == KN_OK, "launch error: an error was pending before the check: %s", err.msg);
+    float *dq = kn_be_alloc(be, (size_t)hd * 4), *dkv = kn_be_alloc(be, (size_t)n_kv * hd * 4);
+    float *dout = kn_be_alloc(be, (size_t)hd * 4);
+    kn_dense_attention_args a = {.q = dq, .k = dkv, .v = dkv, .q_stride = hd, .k_stride = hd, .v_stride = hd,
+                                 .out = dout, .out_stride = hd, .n_q = 1, .n_kv = n_kv, .n_heads = 1,
+                                 .head_dim = hd, .scale = 1.0f, .causal = 0, .q_pos0 = 0};
+    be->vt->attention_dense(be, &a);
+    kn_be_sync(be);
+    const char *name = getenv("KILN_TEST_BACKEND");
+    const int gpu = name && strcmp(name, "cuda") == 0;
+    const kn_code rc = kn_be_take_error(be, &err);
+    if (gpu)
+        CHECK(rc == KN_ERR_BACKEND && strstr(err.msg, "attention_dense"),
+              "launch error: the refused dense attention was not kept (rc %d: %s)", (int)rc, err.msg);
+    else
+        CHECK(rc == KN_OK, "launch error: the CPU backend kept an error: %s", err.msg);
+    CHECK(kn_be_take_error(be, &err) == KN_OK, "launch error: handed out twice");
+    kn_be_free(be, dq), kn_be_free(be, dkv), kn_be_free(be, dout);
+}
+
 static void test_attention_dense(int n_q, int n_kv, int n_heads, int hd, int causal, int q_pos0) {
     int D = n_heads * hd;
     int64_t qs = D + 3, ks = 2 * D + 5, vs = D + 1, os = D + 2; /* padded strides */
@@ -1698,6 +1725,7 @@ int main(void) {
     test_attention_dense(1, 12, 4, 64, 1, 11); /* decoder step over its cache */
     test_attention_dense(3, 20, 3, 40, 1, 5);  /* causal with cache beyond the rows */
     test_attention_dense(2, 1500, 20, 64, 0, 0);
+    test_launch_error();
     /* bf16 caches, last so the random inputs of the checks above stay as
      * they were (CUDA, bf16 compute: the tensor-core decode kernel for
      * groups up to 16 heads, head dims 64/128; others the CUDA-core one) */

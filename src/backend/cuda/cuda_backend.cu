@@ -664,6 +664,7 @@ static void cu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, int
         return;
     }
     k_embed<<<n, 256, 0, S>>>(t->data, t->dtype, t->rows, t->cols, ids, out);
+    kn_cuda_launched(be, "embed");
 }
 static void cu_rms_norm(kn_backend *be, const float *x, int64_t xs, float *out, int64_t os, int rows, int groups,
                         int dim, const float *w, float eps) {
@@ -680,6 +681,7 @@ static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, co
     if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out, accumulate)) {
         dim3 grid((unsigned)((w->rows + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
         k_gemm<<<grid, 256, 0, S>>>(x, M, w->data, w->dtype, w->rows, w->cols, bias, out, accumulate);
+        kn_cuda_launched(be, "gemm");
     }
 }
 static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
@@ -762,25 +764,34 @@ static void cu_attention(kn_backend *be, const kn_attention_args *a) { kn_cuda_a
 static void cu_swiglu(kn_backend *be, const float *gu, int rows, int dim, float *out) {
     int64_t n = (int64_t)rows * dim;
     k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(gu, n, dim, out);
+    kn_cuda_launched(be, "swiglu");
 }
 static void cu_layer_norm(kn_backend *be, const float *x, int64_t xs, float *out, int64_t os, int rows, int dim,
                           const float *w, const float *b, float eps) {
     k_layer_norm<<<rows, dim >= 256 ? 256 : 64, 0, S>>>(x, xs, out, os, dim, w, b, eps);
+    kn_cuda_launched(be, "layer_norm");
 }
 static void cu_gelu(kn_backend *be, const float *x, int64_t n, float *out, int approx) {
     k_gelu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(x, n, out, approx);
+    kn_cuda_launched(be, "gelu");
 }
 static void cu_geglu(kn_backend *be, const float *gu, int rows, int dim, float *out, int approx) {
     int64_t n = (int64_t)rows * dim;
     k_geglu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(gu, n, dim, out, approx);
+    kn_cuda_launched(be, "geglu");
 }
 static void cu_add(kn_backend *be, float *y, const float *x, int64_t n) {
     k_add<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(y, x, n);
+    kn_cuda_launched(be, "add");
 }
 static void cu_gather(kn_backend *be, const float *x, int64_t dim, const int32_t *rows, int n, float *out) {
     k_gather<<<n, 256, 0, S>>>(x, dim, rows, out);
+    kn_cuda_launched(be, "gather");
 }
-static void cu_softmax(kn_backend *be, float *x, int rows, int dim) { k_softmax<<<rows, 256, 0, S>>>(x, dim); }
+static void cu_softmax(kn_backend *be, float *x, int rows, int dim) {
+    k_softmax<<<rows, 256, 0, S>>>(x, dim);
+    kn_cuda_launched(be, "softmax");
+}
 static void cu_argmax_rows(kn_backend *be, const float *x, int rows, int dim, int32_t *out) {
     const int nb = (dim + AM_CHUNK - 1) / AM_CHUNK;
     if (rows > 0 && nb > 1 && rows <= 65535) {
@@ -793,6 +804,7 @@ static void cu_argmax_rows(kn_backend *be, const float *x, int rows, int dim, in
             return;
     }
     k_argmax<<<rows, 1024, 0, S>>>(x, dim, out);
+    kn_cuda_launched(be, "argmax");
 }
 
 static double cu_read_bandwidth(kn_backend *be) {
@@ -806,6 +818,7 @@ static double cu_read_bandwidth(kn_backend *be) {
     for (int r = 0; r < 5; r++) {
         cudaEventRecord(e0, S);
         k_read<<<132 * 8, 512, 0, S>>>((const float4 *)p, bytes / 16, (float *)sink);
+        kn_cuda_launched(be, "read");
         cudaEventRecord(e1, S);
         cudaEventSynchronize(e1);
         float ms;

@@ -302,6 +302,11 @@ static inline void kn_cuda_run(kn_backend *be, const char *what, void (*k)(KArgs
     kn_cuda_note(be, kn_cuda_launch(be, k, grid, block, smem, args...), what);
 }
 
+/* after a plain <<<>>> launch (kernels launched without the programmatic
+ * attribute): a launch that failed (a bad configuration, too few resources)
+ * is kept for take_error as kn_cuda_run keeps its own */
+static inline void kn_cuda_launched(kn_backend *be, const char *what) { kn_cuda_note(be, cudaGetLastError(), what); }
+
 /* 1 when kernel k may be launched with smem bytes of dynamic shared memory:
  * above the default 48 KiB it opts k in up to max once (allowed: a static of
  * the caller, one per kernel instantiation); 0 when smem exceeds max or the

@@ -239,6 +239,7 @@ void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, con
         return;
     }
     k_kv_write_fmt<<<(rows + 63) / 64, 64, 0, kn_cuda_stream(be)>>>(*kv, k, v, stride, rows, slots);
+    kn_cuda_launched(be, "kv_write_fmt");
 }
 
 /* the keys of the batch's context bucket; 0 when positions are not on the host */
@@ -411,4 +412,5 @@ void kn_cuda_kv_gather(kn_backend *be, const kn_kv_layer *kv, const int32_t *bt,
     else if (elem == KN_DT_F16)
         k_gather_kv_fmt<__half><<<grid, 128, 0, st>>>(*kv, bt, k0, ctx, (__half *)kc, (__half *)vc);
     else k_gather_kv_fmt<float><<<grid, 128, 0, st>>>(*kv, bt, k0, ctx, (float *)kc, (float *)vc);
+    kn_cuda_launched(be, "gather_kv_fmt");
 }

@@ -84,17 +84,17 @@ extern "C" void kn_cuda_im2col_1d(kn_backend *be, const float *x, int64_t xts, i
     if (total <= 0) return;
     k_im2col_1d<<<(unsigned)((total + 255) / 256), 256, 0, kn_cuda_stream(be)>>>(x, xts, xcs, t_in, c_in, k, stride,
                                                                                    pad, t_out, out);
-    kn_cuda_check(cudaGetLastError(), "im2col_1d");
+    kn_cuda_launched(be, "im2col_1d");
 }
 
 extern "C" void kn_cuda_attention_dense(kn_backend *be, const kn_dense_attention_args *a) {
     if (a->n_q <= 0 || a->n_heads <= 0) return;
     if (a->n_kv > KN_CUDA_DENSE_ATTN_MAX_KV) {
-        kn_cuda_check(cudaErrorInvalidValue, "attention_dense: n_kv above the CUDA limit");
+        kn_cuda_note(be, cudaErrorInvalidValue, "attention_dense: n_kv above the CUDA limit");
         return;
     }
     dim3 grid((unsigned)a->n_q, (unsigned)a->n_heads);
     size_t shmem = sizeof(float) * (size_t)(a->n_kv > 0 ? a->n_kv : 1);
     k_attention_dense<<<grid, 128, shmem, kn_cuda_stream(be)>>>(*a);
-    kn_cuda_check(cudaGetLastError(), "attention_dense");
+    kn_cuda_launched(be, "attention_dense");
 }

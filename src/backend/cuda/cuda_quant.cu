@@ -252,6 +252,7 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
         else
             qgemv_kernel<8><<<blocks, warps * 32, 0, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols,
                                                           w->bits, w->group_size, bias, out, accumulate);
+        kn_cuda_launched(be, "qgemv_kernel");
         return;
     }
     const size_t smem = qgemm_mma_smem(w->group_size); /* group sizes 32/64/128 (kn_quant_check) */
@@ -265,6 +266,7 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
     else
         qgemm_mma_kernel<128><<<grid, 128, smem, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols, w->bits,
                                                       bias, out, accumulate);
+    kn_cuda_launched(be, "qgemm_mma_kernel");
 }
 
 void kn_cuda_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
@@ -272,6 +274,7 @@ void kn_cuda_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int 
     qembed_kernel<<<n, 256, 0, kn_cuda_stream(be)>>>((const uint32_t *)t->data, t->scales, t->biases,
                                                      (int)t->sb_dtype, t->rows, t->cols, t->bits, t->group_size,
                                                      ids, out);
+    kn_cuda_launched(be, "qembed_kernel");
 }
 
 kn_code kn_cuda_weight_load_quant(kn_backend *be, const kn_quant_host *s, kn_weight *out, kn_error *err) {

@@ -357,4 +357,5 @@ extern "C" void kn_cuda_sample_rows(kn_backend *be, float *x, int rows, int V, c
                                     const kn_logit_edit *edits, int32_t *out) {
     if (rows <= 0) return;
     k_sample_rows<<<rows, SR_THREADS, 0, kn_cuda_stream(be)>>>(x, V, params, edits, out);
+    kn_cuda_launched(be, "sample_rows");
 }

@@ -126,6 +126,7 @@ static int attention_gemm_run(kn_backend *be, const kn_attention_args *a, int t0
     else /* compressed cache: dequantize this chunk (cuda_kv.cu) */
         kn_cuda_kv_gather(be, kv, a->block_tables + (int64_t)s * a->max_blocks, k0, ctx, kc, vc,
                           ct == CUDA_R_16BF ? KN_DT_BF16 : ct == CUDA_R_16F ? KN_DT_F16 : KN_DT_F32);
+    kn_cuda_before_launch();
     k_gather_q<T><<<dim3(len, a->n_heads), thr, 0, st>>>(a->q, a->q_stride, t0, len, hd, qc);
     kn_cuda_launched(be, "gather_q");
     const float alpha = a->scale, one = 1.0f, zero = 0.0f;
@@ -135,6 +136,7 @@ static int attention_gemm_run(kn_backend *be, const kn_attention_args *a, int t0
         (long long)G * len * hd, &zero, S, CUDA_R_32F, ctx, (long long)G * len * ctx, nkv, CUBLAS_COMPUTE_32F,
         CUBLAS_GEMM_DEFAULT);
     if (r != CUBLAS_STATUS_SUCCESS) return 0;
+    kn_cuda_before_launch();
     k_masked_softmax<T><<<a->n_heads * len, 256, 0, st>>>(S, len, ctx, p0, k0, a->window, a->softcap, P);
     kn_cuda_launched(be, "masked_softmax");
     /* O_g [G*len, hd] = P_g [G*len, ctx] . V_g [ctx, hd]: column-major C[hd, G*len] = V_g^T' . P_g */
@@ -142,6 +144,7 @@ static int attention_gemm_run(kn_backend *be, const kn_attention_args *a, int t0
                                    (long long)ctx * hd, P, ct, ctx, (long long)G * len * ctx, &zero, ob, CUDA_R_32F,
                                    hd, (long long)G * len * hd, nkv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (r != CUBLAS_STATUS_SUCCESS) return 0;
+    kn_cuda_before_launch();
     k_scatter_out<<<dim3(len, a->n_heads), thr, 0, st>>>(ob, t0, len, a->n_heads, hd, a->out);
     kn_cuda_launched(be, "scatter_out");
     return 1;

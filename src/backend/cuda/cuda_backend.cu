@@ -670,6 +670,7 @@ static void cu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, int
         kn_cuda_qembed(be, t, ids, n, out);
         return;
     }
+    kn_cuda_before_launch();
     k_embed<<<n, 256, 0, S>>>(t->data, t->dtype, t->rows, t->cols, ids, out);
     kn_cuda_launched(be, "embed");
 }
@@ -687,6 +688,7 @@ static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, co
     if (M <= KN_CUDA_GEMV_MAX_M && kn_cuda_gemv(be, x, M, w, bias, out, accumulate, NULL, 0.0f, KN_EPI_NONE)) return;
     if (!kn_cuda_gemm_cublas(be, x, M, w, bias, out, accumulate)) {
         dim3 grid((unsigned)((w->rows + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
+        kn_cuda_before_launch();
         k_gemm<<<grid, 256, 0, S>>>(x, M, w->data, w->dtype, w->rows, w->cols, bias, out, accumulate);
         kn_cuda_launched(be, "gemm");
     }
@@ -770,32 +772,39 @@ static void cu_kv_convert(kn_backend *be, const kn_kv_layer *kv, const int32_t *
 static void cu_attention(kn_backend *be, const kn_attention_args *a) { kn_cuda_attention(be, a); }
 static void cu_swiglu(kn_backend *be, const float *gu, int rows, int dim, float *out) {
     int64_t n = (int64_t)rows * dim;
+    kn_cuda_before_launch();
     k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(gu, n, dim, out);
     kn_cuda_launched(be, "swiglu");
 }
 static void cu_layer_norm(kn_backend *be, const float *x, int64_t xs, float *out, int64_t os, int rows, int dim,
                           const float *w, const float *b, float eps) {
+    kn_cuda_before_launch();
     k_layer_norm<<<rows, dim >= 256 ? 256 : 64, 0, S>>>(x, xs, out, os, dim, w, b, eps);
     kn_cuda_launched(be, "layer_norm");
 }
 static void cu_gelu(kn_backend *be, const float *x, int64_t n, float *out, int approx) {
+    kn_cuda_before_launch();
     k_gelu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(x, n, out, approx);
     kn_cuda_launched(be, "gelu");
 }
 static void cu_geglu(kn_backend *be, const float *gu, int rows, int dim, float *out, int approx) {
     int64_t n = (int64_t)rows * dim;
+    kn_cuda_before_launch();
     k_geglu<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(gu, n, dim, out, approx);
     kn_cuda_launched(be, "geglu");
 }
 static void cu_add(kn_backend *be, float *y, const float *x, int64_t n) {
+    kn_cuda_before_launch();
     k_add<<<(unsigned)((n + 255) / 256), 256, 0, S>>>(y, x, n);
     kn_cuda_launched(be, "add");
 }
 static void cu_gather(kn_backend *be, const float *x, int64_t dim, const int32_t *rows, int n, float *out) {
+    kn_cuda_before_launch();
     k_gather<<<n, 256, 0, S>>>(x, dim, rows, out);
     kn_cuda_launched(be, "gather");
 }
 static void cu_softmax(kn_backend *be, float *x, int rows, int dim) {
+    kn_cuda_before_launch();
     k_softmax<<<rows, 256, 0, S>>>(x, dim);
     kn_cuda_launched(be, "softmax");
 }
@@ -810,6 +819,7 @@ static void cu_argmax_rows(kn_backend *be, const float *x, int rows, int dim, in
                            (float *)part, (int *)(part + pb), done, out) == cudaSuccess)
             return;
     }
+    kn_cuda_before_launch();
     k_argmax<<<rows, 1024, 0, S>>>(x, dim, out);
     kn_cuda_launched(be, "argmax");
 }
@@ -824,6 +834,7 @@ static double cu_read_bandwidth(kn_backend *be) {
     float best = 1e30f;
     for (int r = 0; r < 5; r++) {
         cudaEventRecord(e0, S);
+        kn_cuda_before_launch();
         k_read<<<132 * 8, 512, 0, S>>>((const float4 *)p, bytes / 16, (float *)sink);
         kn_cuda_launched(be, "read");
         cudaEventRecord(e1, S);

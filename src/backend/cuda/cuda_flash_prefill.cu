@@ -426,6 +426,7 @@ static int launch_fp(kn_backend *be, const kn_attention_args *a, int t0, int len
     if (!kg) return 0;
     T *vg = (T *)((char *)kg + one_buf);
     const dim3 ggrid((unsigned)(ctxp / FP_BN), (unsigned)kv->n_kv_heads);
+    kn_cuda_before_launch();
     if (kv->k_fmt == KN_KVF_BF16) k_fp_gather<T, HD, true><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
     else k_fp_gather<T, HD, false><<<ggrid, 256, 0, st>>>(*kv, bt, kbase, last, ctxp, kg, vg);
     kn_cuda_launched(be, "fp_gather");

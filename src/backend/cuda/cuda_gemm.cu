@@ -292,6 +292,7 @@ static int gemm_w(kn_backend *be, const void *xw, int M, const kn_weight *w, con
     }
     if (bias) {
         const int64_t n = (int64_t)M * N;
+        kn_cuda_before_launch();
         k_add_bias<<<(unsigned)((n + 255) / 256), 256, 0, kn_cuda_stream(be)>>>((float *)out, n, N, bias);
         kn_cuda_launched(be, "add_bias");
     }
@@ -305,6 +306,7 @@ int kn_cuda_gemm_cublas(kn_backend *be, const float *x, int M, const kn_weight *
     const int64_t n = (int64_t)M * w->cols;
     void *xr = kn_cuda_scratch(be, KN_CUDA_SCRATCH_GEMM_X, (size_t)n * 2);
     if (!xr) return 0;
+    kn_cuda_before_launch();
     k_round_x<<<(unsigned)((n + 255) / 256), 256, 0, kn_cuda_stream(be)>>>(x, n, w->dtype, xr);
     kn_cuda_launched(be, "round_x");
     return gemm_w(be, xr, M, w, bias, out, 0, accumulate);
@@ -333,6 +335,7 @@ static void *gemm_norm(kn_backend *be, const float *x, int M, const float *norm_
     void *y = ys_slot >= 0 ? kn_cuda_scratch(be, ys_slot, (size_t)M * N * (*out16 ? 2 : 4)) : out;
     if (!xr || !y) return NULL;
     const int thr = K >= 1024 ? 256 : 128;
+    kn_cuda_before_launch();
     if (w->dtype == KN_DT_BF16) k_norm_round<__nv_bfloat16><<<M, thr, 0, s>>>(x, K, norm_w, eps, (__nv_bfloat16 *)xr);
     else k_norm_round<__half><<<M, thr, 0, s>>>(x, K, norm_w, eps, (__half *)xr);
     kn_cuda_launched(be, "norm_round");
@@ -354,6 +357,7 @@ int kn_cuda_gemm_fused(kn_backend *be, const float *x, int M, const float *norm_
     void *y = gemm_norm(be, x, M, norm_w, eps, w, bias, swiglu ? KN_CUDA_SCRATCH_GEMM_OUT : -1, out, &out16);
     if (!y) return 0;
     if (swiglu) {
+        kn_cuda_before_launch();
         swiglu_epilogue(kn_cuda_stream(be), w->dtype, y, out16, M, w->rows / 2, out, 1);
         kn_cuda_launched(be, "swiglu_rows");
     }
@@ -377,6 +381,7 @@ int kn_cuda_mlp_swiglu_add(kn_backend *be, const float *xn, int M, const float *
     int out16 = 1;
     void *y = gemm_norm(be, xn, M, norm_w, eps, gu, gu_bias, KN_CUDA_SCRATCH_GEMM_OUT, NULL, &out16);
     if (!y) return 0;
+    kn_cuda_before_launch();
     swiglu_epilogue(kn_cuda_stream(be), gu->dtype, y, out16, M, I, act, 0);
     kn_cuda_launched(be, "swiglu_rows");
     gemm_w(be, act, M, down, down_bias, x, 0, 1); /* a failure is said; the op is done */

@@ -306,9 +306,13 @@ static inline void kn_cuda_run(kn_backend *be, const char *what, void (*k)(KArgs
     kn_cuda_note(be, kn_cuda_launch(be, k, grid, block, smem, args...), what);
 }
 
-/* after a plain <<<>>> launch (kernels launched without the programmatic
- * attribute): a launch that failed (a bad configuration, too few resources)
- * is kept for take_error as kn_cuda_run keeps its own */
+/* A plain <<<>>> launch (kernels launched without the programmatic
+ * attribute) is bracketed by these two: kn_cuda_before_launch drops what an
+ * earlier call left in the runtime's last error (its caller handled it or
+ * fell back; a kernel fault is sticky and comes back at once), so that
+ * kn_cuda_launched finds this launch's own failure (a bad configuration, too
+ * few resources) and keeps it for take_error as kn_cuda_run keeps its own. */
+static inline void kn_cuda_before_launch(void) { (void)cudaGetLastError(); }
 static inline void kn_cuda_launched(kn_backend *be, const char *what) { kn_cuda_note(be, cudaGetLastError(), what); }
 
 /* 1 when kernel k may be launched with smem bytes of dynamic shared memory:

@@ -238,6 +238,7 @@ void kn_cuda_kv_write(kn_backend *be, const kn_kv_layer *kv, const float *k, con
         else kn_cuda_run(be, "kv_write_warp", k_kv_write_warp<16>, grid, block, 0, *kv, k, v, stride, rows, slots);
         return;
     }
+    kn_cuda_before_launch();
     k_kv_write_fmt<<<(rows + 63) / 64, 64, 0, kn_cuda_stream(be)>>>(*kv, k, v, stride, rows, slots);
     kn_cuda_launched(be, "kv_write_fmt");
 }
@@ -407,6 +408,7 @@ void kn_cuda_kv_gather(kn_backend *be, const kn_kv_layer *kv, const int32_t *bt,
                        int elem) {
     const dim3 grid((unsigned)ctx, (unsigned)kv->n_kv_heads);
     cudaStream_t st = kn_cuda_stream(be);
+    kn_cuda_before_launch();
     if (elem == KN_DT_BF16)
         k_gather_kv_fmt<__nv_bfloat16><<<grid, 128, 0, st>>>(*kv, bt, k0, ctx, (__nv_bfloat16 *)kc, (__nv_bfloat16 *)vc);
     else if (elem == KN_DT_F16)

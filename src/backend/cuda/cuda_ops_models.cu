@@ -337,11 +337,13 @@ __global__ void k_moe_combine_sorted(const float *Y, const int32_t *idx, const i
 static unsigned blocks_for(int64_t n) { return (unsigned)((n + 255) / 256); }
 
 extern "C" void kn_cuda_softcap(kn_backend *be, float *x, int64_t n, float cap) {
+    kn_cuda_before_launch();
     if (n > 0) k_softcap<<<blocks_for(n), 256, 0, S>>>(x, n, cap);
     kn_cuda_launched(be, "softcap");
 }
 
 extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s) {
+    kn_cuda_before_launch();
     if (n > 0) k_scale<<<blocks_for(n), 256, 0, S>>>(x, n, s);
     kn_cuda_launched(be, "scale");
 }
@@ -349,6 +351,7 @@ extern "C" void kn_cuda_scale(kn_backend *be, float *x, int64_t n, float s) {
 extern "C" void kn_cuda_sigmoid_gate_add(kn_backend *be, float *y, const float *x, const float *gate, int rows,
                                          int dim) {
     int64_t n = (int64_t)rows * dim;
+    kn_cuda_before_launch();
     if (n > 0) k_sigmoid_gate_add<<<blocks_for(n), 256, 0, S>>>(y, x, gate, n, dim);
     kn_cuda_launched(be, "sigmoid_gate_add");
 }
@@ -370,6 +373,7 @@ extern "C" void kn_cuda_moe_route(kn_backend *be, const float *logits, int rows,
 
 extern "C" void kn_cuda_mul_rows(kn_backend *be, float *y, const float *x, int64_t x_stride, int rows, int dim) {
     int64_t n = (int64_t)rows * dim;
+    kn_cuda_before_launch();
     if (n > 0) k_mul_rows<<<blocks_for(n), 256, 0, S>>>(y, x, x_stride, n, dim);
     kn_cuda_launched(be, "mul_rows");
 }
@@ -398,15 +402,20 @@ extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a0) {
     const int tg = widest * 4 * 8 <= 48 * 1024 ? 8 : (int)(48 * 1024 / (widest * 4));
     if (n > 1 && tg >= 1 && pairs * (D + 2) >= 2 * pairs + a->n_experts + 1) {
         int32_t *run_start = (int32_t *)(Y + pairs * D), *pair_of = run_start + a->n_experts + 1, *pos_of = pair_of + pairs;
+        kn_cuda_before_launch();
         k_moe_sort<<<1, 1024, (size_t)(a->n_experts + 1) * sizeof(int), S>>>(a->idx, (int)pairs, a->n_experts, run_start,
                                                                              pair_of, pos_of);
         kn_cuda_launched(be, "moe_sort");
+        kn_cuda_before_launch();
         moe_grouped(S, a->n_experts, a->x, D, k, 1, a->gate_up, D, 2 * (int64_t)I, run_start, pair_of, tg, G);
         kn_cuda_launched(be, "moe_grouped");
+        kn_cuda_before_launch();
         k_moe_act<<<blocks_for(pairs * I), 256, 0, S>>>(G, pairs, I, a->act, A);
         kn_cuda_launched(be, "moe_act");
+        kn_cuda_before_launch();
         moe_grouped(S, a->n_experts, A, I, 1, 0, a->down, I, D, run_start, pair_of, tg, Y);
         kn_cuda_launched(be, "moe_grouped");
+        kn_cuda_before_launch();
         k_moe_combine_sorted<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, pos_of, a->w, n, k, D, a->out,
                                                                          a->accumulate);
         kn_cuda_launched(be, "moe_combine_sorted");
@@ -414,13 +423,17 @@ extern "C" void kn_cuda_moe_ffn(kn_backend *be, const kn_moe_args *a0) {
     }
     const int warps = 8;
     dim3 g1((unsigned)((2 * I + warps - 1) / warps), (unsigned)pairs);
+    kn_cuda_before_launch();
     moe_rows(S, g1, warps * 32, a->x, D, k, a->gate_up, D, 2 * (int64_t)I, a->idx, G);
     kn_cuda_launched(be, "moe_rows");
+    kn_cuda_before_launch();
     k_moe_act<<<blocks_for(pairs * I), 256, 0, S>>>(G, pairs, I, a->act, A);
     kn_cuda_launched(be, "moe_act");
     dim3 g2((unsigned)((D + warps - 1) / warps), (unsigned)pairs);
+    kn_cuda_before_launch();
     moe_rows(S, g2, warps * 32, A, I, 1, a->down, I, D, a->idx, Y);
     kn_cuda_launched(be, "moe_rows");
+    kn_cuda_before_launch();
     k_moe_combine<<<blocks_for((int64_t)n * D), 256, 0, S>>>(Y, a->idx, a->w, n, k, D, a->out, a->accumulate);
     kn_cuda_launched(be, "moe_combine");
 }
@@ -492,17 +505,20 @@ __global__ void k_gaussian_topk(float *x, int64_t stride, int dim, float mult) {
 extern "C" void kn_cuda_stream_mix(kn_backend *be, const float *src, int n_src, const float *base, float *out, int n_out,
                                    int64_t stream_stride, const float *w, float w_add, int rows, int dim) {
     int64_t n = (int64_t)rows * dim * n_out;
+    kn_cuda_before_launch();
     if (n > 0)
         k_stream_mix<<<blocks_for(n), 256, 0, S>>>(src, n_src, base, out, n_out, stream_stride, w, w_add, rows, dim);
     kn_cuda_launched(be, "stream_mix");
 }
 
 extern "C" void kn_cuda_rms_match(kn_backend *be, float *x, const float *ref, int rows, int dim, float floor) {
+    kn_cuda_before_launch();
     if (rows > 0) k_rms_match<<<rows, 256, 0, S>>>(x, ref, dim, floor);
     kn_cuda_launched(be, "rms_match");
 }
 
 extern "C" void kn_cuda_gaussian_topk(kn_backend *be, float *x, int64_t x_stride, int rows, int dim, float mult) {
+    kn_cuda_before_launch();
     if (rows > 0) k_gaussian_topk<<<rows, 256, 0, S>>>(x, x_stride, dim, mult);
     kn_cuda_launched(be, "gaussian_topk");
 }

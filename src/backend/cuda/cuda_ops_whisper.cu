@@ -82,6 +82,7 @@ extern "C" void kn_cuda_im2col_1d(kn_backend *be, const float *x, int64_t xts, i
     int t_out = (t_in + 2 * pad - k) / stride + 1;
     int64_t total = (int64_t)t_out * c_in * k;
     if (total <= 0) return;
+    kn_cuda_before_launch();
     k_im2col_1d<<<(unsigned)((total + 255) / 256), 256, 0, kn_cuda_stream(be)>>>(x, xts, xcs, t_in, c_in, k, stride,
                                                                                    pad, t_out, out);
     kn_cuda_launched(be, "im2col_1d");
@@ -95,6 +96,7 @@ extern "C" void kn_cuda_attention_dense(kn_backend *be, const kn_dense_attention
     }
     dim3 grid((unsigned)a->n_q, (unsigned)a->n_heads);
     size_t shmem = sizeof(float) * (size_t)(a->n_kv > 0 ? a->n_kv : 1);
+    kn_cuda_before_launch();
     k_attention_dense<<<grid, 128, shmem, kn_cuda_stream(be)>>>(*a);
     kn_cuda_launched(be, "attention_dense");
 }

@@ -246,6 +246,7 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
     if (M <= 8) {
         const int warps = 8;
         const unsigned blocks = (unsigned)((w->rows + warps - 1) / warps);
+        kn_cuda_before_launch();
         if (M <= 2)
             qgemv_kernel<2><<<blocks, warps * 32, 0, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols,
                                                           w->bits, w->group_size, bias, out, accumulate);
@@ -257,6 +258,7 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
     }
     const size_t smem = qgemm_mma_smem(w->group_size); /* group sizes 32/64/128 (kn_quant_check) */
     dim3 grid((unsigned)((w->rows + QM_BN - 1) / QM_BN), (unsigned)((M + QM_BM - 1) / QM_BM));
+    kn_cuda_before_launch();
     if (w->group_size == 32)
         qgemm_mma_kernel<32><<<grid, 128, smem, s>>>(x, M, q, w->scales, w->biases, sbdt, w->rows, w->cols, w->bits,
                                                      bias, out, accumulate);
@@ -271,6 +273,7 @@ void kn_cuda_qmatmul(kn_backend *be, const float *x, int M, const kn_weight *w, 
 
 void kn_cuda_qembed(kn_backend *be, const kn_weight *t, const int32_t *ids, int n, float *out) {
     if (n <= 0) return;
+    kn_cuda_before_launch();
     qembed_kernel<<<n, 256, 0, kn_cuda_stream(be)>>>((const uint32_t *)t->data, t->scales, t->biases,
                                                      (int)t->sb_dtype, t->rows, t->cols, t->bits, t->group_size,
                                                      ids, out);

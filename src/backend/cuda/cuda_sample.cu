@@ -356,6 +356,7 @@ __global__ void __launch_bounds__(SR_THREADS) k_sample_rows(float *x_all, int V,
 extern "C" void kn_cuda_sample_rows(kn_backend *be, float *x, int rows, int V, const kn_sample_params *params,
                                     const kn_logit_edit *edits, int32_t *out) {
     if (rows <= 0) return;
+    kn_cuda_before_launch();
     k_sample_rows<<<rows, SR_THREADS, 0, kn_cuda_stream(be)>>>(x, V, params, edits, out);
     kn_cuda_launched(be, "sample_rows");
 }

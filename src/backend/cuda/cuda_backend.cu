@@ -74,10 +74,7 @@ int kn_cuda_sm_count(kn_backend *be) { return cu(be)->sm_count; }
 
 static void *cu_alloc(kn_backend *be, size_t bytes) {
     void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
-        cudaGetLastError(); /* the caller has the NULL: no error left for kn_cuda_launched to find */
-        return NULL;
-    }
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) return NULL;
     return p;
 }
 static void cu_free(kn_backend *be, void *p) { cudaFree(p); }
@@ -96,11 +93,7 @@ void *kn_cuda_scratch(kn_backend *be, int slot, size_t bytes) {
     cudaFree(c->scratch[slot]);
     c->scratch[slot] = NULL, c->scratch_bytes[slot] = 0;
     size_t want = bytes + bytes / 4;
-    if (cudaMalloc(&c->scratch[slot], want) != cudaSuccess) {
-        cudaGetLastError(); /* the caller falls back: no error left behind */
-        c->scratch[slot] = NULL;
-        return NULL;
-    }
+    if (cudaMalloc(&c->scratch[slot], want) != cudaSuccess) return NULL;
     check(cudaMemsetAsync(c->scratch[slot], 0, want, c->stream), "scratch zero");
     c->scratch_bytes[slot] = want;
     return c->scratch[slot];
@@ -895,10 +888,7 @@ extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_er
     const char *prof = getenv("KILN_CUDA_PROFILE");
     if (prof && *prof && strcmp(prof, "0") != 0) c->base.vt = kn_cuda_profile_vtbl(&cuda_vtbl);
     c->staging_bytes = 4u << 20;
-    if (cudaMallocHost((void **)&c->staging, c->staging_bytes) != cudaSuccess) { /* uploads go unstaged */
-        cudaGetLastError();
-        c->staging = NULL, c->staging_bytes = 0;
-    }
+    if (cudaMallocHost((void **)&c->staging, c->staging_bytes) != cudaSuccess) c->staging = NULL, c->staging_bytes = 0;
     *out = &c->base;
     return KN_OK;
 }

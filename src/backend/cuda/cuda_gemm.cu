@@ -145,7 +145,6 @@ static cublasHandle_t blas(kn_backend *be) {
             cublasSetStream(h, c->stream) != CUBLAS_STATUS_SUCCESS ||
             cublasSetMathMode(h, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
             cublasDestroy(h);
-            cudaGetLastError(); /* the callers fall back without cuBLAS: no error left behind */
             c->blas_failed = 1;
             return NULL;
         }

@@ -286,11 +286,7 @@ static inline cudaError_t kn_cuda_launch_cluster(kn_backend *be, void (*k)(KArgs
     }
     cfg.attrs = at;
     cfg.numAttrs = n;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
-    /* the caller has the error: it falls back or keeps it (kn_cuda_run), so
-     * it must not linger for the next kn_cuda_launched to find */
-    if (e != cudaSuccess) cudaGetLastError();
-    return e;
+    return cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
 }
 template <typename... KArgs, typename... Args>
 static inline cudaError_t kn_cuda_launch(kn_backend *be, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,

@@ -287,11 +287,9 @@ kn_code kn_cuda_weight_load_quant(kn_backend *be, const kn_quant_host *s, kn_wei
     const size_t sbytes = (size_t)s->rows * (size_t)groups * kn_dtype_size(s->sb_dtype);
     const size_t qpad = (qbytes + 255) & ~(size_t)255, spad = (sbytes + 255) & ~(size_t)255;
     char *p = NULL;
-    if (cudaMalloc((void **)&p, qpad + 2 * spad) != cudaSuccess) {
-        cudaGetLastError(); /* reported here, not left for kn_cuda_launched */
+    if (cudaMalloc((void **)&p, qpad + 2 * spad) != cudaSuccess)
         return kn_fail(err, KN_ERR_NOMEM, "cuda backend: out of device memory for a %zu-byte quantized weight",
                        qpad + 2 * spad);
-    }
     if (cudaMemcpy(p, s->q, qbytes, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(p + qpad, s->scales, sbytes, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(p + qpad + spad, s->biases, sbytes, cudaMemcpyHostToDevice) != cudaSuccess) {

@@ -450,7 +450,7 @@ int main(void) {
             }
         }
         gain_src g = {.inner = kn_synthetic_source(syn), .sharp = sharp};
-        kn_tensor_source src = {.find = gain_find, .ctx = &g, .outlives_model = 1};
+        kn_tensor_source src = {.find = gain_find, .ctx = &g, .borrow = g.inner.borrow};
         int32_t ids[N_IDS];
         uint64_t s = 77 + i;
         for (int k = 0; k < N_IDS; k++) ids[k] = (int32_t)((kn_test_rand(&s) + 1.0f) * 0.5f * (cfg.vocab_size - 1));

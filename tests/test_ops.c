@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "base/host_mem.h"
 #include "kv/kv_paged.h"
 #include "test_backend.h"
 #include "test_util.h"
@@ -363,6 +364,45 @@ static void check_fusions_bitwise(const char *what, const kn_weight *w, int M, i
                   (long long)K, (long long)i, fused[i], sep[i]);
         }
     free(x), free(g), free(bias), free(xn), free(tmp), free(sep), free(fused);
+}
+
+/* Where the CPU backend keeps a weight (kn_borrow): process memory is
+ * used in place; a file mapping's weight of 2 MiB or more is copied into
+ * huge pages while memory allows (kn_host_mem_available well above it here);
+ * a smaller one is used in place; transient bytes are copied. The copy holds
+ * the same bytes. */
+static void test_cpu_weight_placement(void) {
+    if (strcmp(be->vt->name, "cpu")) return; /* a CPU promise (other backends always copy) */
+    const int64_t rows = 1024, cols = 2048; /* 4 MiB of bf16 */
+    const size_t bytes = (size_t)rows * cols * 2;
+    uint16_t *host = kn_host_alloc(bytes);
+    CHECK(host != NULL, "placement: no memory");
+    if (!host) return;
+    for (size_t i = 0; i < bytes / 2; i++) host[i] = (uint16_t)(i * 2654435761u >> 16);
+    kn_error err = {0};
+    kn_weight w;
+    CHECK(kn_be_weight_load(be, KN_DT_BF16, rows, cols, host, KN_BORROW_RESIDENT, &w, &err) == KN_OK &&
+              w.data == host && !w.owned,
+          "placement: resident bytes were not used in place");
+    kn_be_weight_free(be, &w);
+    const char *env = getenv("KILN_CPU_COPY_WEIGHTS");
+    const int64_t avail = kn_host_mem_available();
+    if (!(env && !strcmp(env, "0")) && avail > ((int64_t)8 << 30)) {
+        CHECK(kn_be_weight_load(be, KN_DT_BF16, rows, cols, host, KN_BORROW_MAPPED, &w, &err) == KN_OK &&
+                  w.data != host && w.owned && ((uintptr_t)w.data & (KN_HOST_HUGE_MIN - 1)) == 0 &&
+                  !memcmp(w.data, host, bytes),
+              "placement: a 4 MiB mapped weight was not copied whole into 2 MiB-aligned memory");
+        kn_be_weight_free(be, &w);
+    }
+    CHECK(kn_be_weight_load(be, KN_DT_BF16, 64, 64, host, KN_BORROW_MAPPED, &w, &err) == KN_OK && w.data == host &&
+              !w.owned,
+          "placement: a small mapped weight was copied");
+    kn_be_weight_free(be, &w);
+    CHECK(kn_be_weight_load(be, KN_DT_BF16, rows, cols, host, KN_BORROW_NO, &w, &err) == KN_OK && w.data != host &&
+              w.owned && !memcmp(w.data, host, bytes),
+          "placement: transient bytes were not copied");
+    kn_be_weight_free(be, &w);
+    kn_host_free(host);
 }
 
 static void test_cpu_fusions(void) {
@@ -1580,6 +1620,7 @@ int main(void) {
         test_matmul_rows_independent(dts[d], 16, 64, 1000);
     }
     test_cpu_fusions();
+    test_cpu_weight_placement();
     for (int m = 1; m <= 2; m++) { /* decode fusions (CUDA GEMV): norm prologue, SwiGLU epilogue, odd N */
         test_fused_matmul(KN_DT_BF16, m, 74, 1024, 1, KN_EPI_NONE, 1);
         test_fused_matmul(KN_DT_F32, m, 37, 520, 1, KN_EPI_NONE, 0);

@@ -206,6 +206,15 @@ static inline float *kn_moe_scratch_xn(const kn_moe_args *a) {
     return a->scratch + kn_moe_scratch_floats(a->n_tokens, a->dim, a->inter, a->k) - (size_t)a->n_tokens * a->dim;
 }
 
+/* What the host bytes given to weight_load are, for a backend that could
+ * use them in place instead of copying. */
+typedef enum {
+    KN_BORROW_NO = 0,       /* transient: copy them */
+    KN_BORROW_MAPPED = 1,   /* valid while the model lives, in a read-only file mapping (4 KiB pages of the
+                             * page cache) */
+    KN_BORROW_RESIDENT = 2, /* valid while the model lives, in process memory on huge pages (kn_host_alloc) */
+} kn_borrow;
+
 typedef struct kn_backend_vtbl {
     const char *name;
     void (*destroy)(kn_backend *be);
@@ -215,6 +224,8 @@ typedef struct kn_backend_vtbl {
     void (*upload)(kn_backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(kn_backend *be, void *dst, const void *src, size_t bytes);
     void (*sync)(kn_backend *be);
+    /* may_borrow: a kn_borrow value, what host is (the CPU backend may use
+     * the bytes in place; others copy) */
     kn_code (*weight_load)(kn_backend *be, kn_dtype dt, int64_t rows, int64_t cols, const void *host,
                            int may_borrow, kn_weight *out, kn_error *err);
     /* ops */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/host_mem.h"
 #include "base/quant.h"
 #include "io/quantize.h"
 
@@ -24,14 +25,14 @@ static const kn_st_tensor *syn_find(void *ctx, const char *name) {
 }
 
 kn_tensor_source kn_synthetic_source(kn_synthetic *s) {
-    return (kn_tensor_source){.find = syn_find, .ctx = s, .outlives_model = 1};
+    return (kn_tensor_source){.find = syn_find, .ctx = s, .borrow = KN_BORROW_RESIDENT};
 }
 
 void kn_synthetic_free(kn_synthetic *s) {
     if (!s) return;
     for (size_t i = 0; i < s->n; i++) {
         free(s->t[i].name);
-        free((void *)s->t[i].data);
+        kn_host_free((void *)s->t[i].data);
     }
     free(s->t);
     free(s);
@@ -58,7 +59,7 @@ static kn_code add(kn_synthetic *s, kn_dtype dt, int64_t rows, int64_t cols, flo
     size_t esz = kn_dtype_size(dt);
     void *data = NULL;
     t->name = strdup(name);
-    if (!t->name || posix_memalign(&data, 64, (size_t)count * esz) != 0) {
+    if (!t->name || !(data = kn_host_alloc((size_t)count * esz))) {
         free(t->name);
         return kn_fail(err, KN_ERR_NOMEM, "out of memory for synthetic %s", name);
     }
@@ -105,13 +106,13 @@ static kn_code quantize_tensor(kn_synthetic *s, size_t i, int bits, int gs, floa
     char base[256];
     size_t len = strlen(s->t[i].name);
     snprintf(base, sizeof base, "%.*s", (int)(len - 7), s->t[i].name);
-    void *q = NULL;
-    if (posix_memalign(&q, 64, (size_t)rows * (size_t)words * 4) != 0)
+    void *q = kn_host_alloc((size_t)rows * (size_t)words * 4);
+    if (!q)
         return kn_fail(err, KN_ERR_NOMEM, "out of memory for synthetic %s", s->t[i].name);
     const uint64_t b0 = mix(seed ^ mix(i + 0x9e37));
 #pragma omp parallel for num_threads(n_threads) schedule(static)
     for (int64_t j = 0; j < rows * words; j++) ((uint32_t *)q)[j] = (uint32_t)(mix(b0 + (uint64_t)j) >> 16);
-    free((void *)s->t[i].data);
+    kn_host_free((void *)s->t[i].data);
     s->t[i].data = q;
     s->t[i].dtype = KN_DT_U32;
     s->t[i].shape[nd - 1] = words;

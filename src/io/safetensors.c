@@ -623,6 +623,11 @@ static kn_code find_single(const char *dir, char **out, kn_error *err) {
                    count);
 }
 
+void kn_st_release_pages(kn_safetensors *st) {
+    for (size_t i = 0; st && i < st->n_maps; i++)
+        if (st->maps[i].addr) (void)madvise(st->maps[i].addr, st->maps[i].len, MADV_DONTNEED);
+}
+
 kn_code kn_st_open(const char *path, kn_safetensors **out, kn_error *err) {
     if (!out) return kn_fail(err, KN_ERR_INVALID_ARG, "kn_st_open: NULL output pointer");
     *out = NULL;

@@ -41,6 +41,12 @@ void kn_st_tensors_free(kn_st_tensor *tensors, size_t n);
 kn_code kn_st_open(const char *path, kn_safetensors **out, kn_error *err);
 void kn_st_close(kn_safetensors *st);
 
+/* Drops the mappings' pages from the process (MADV_DONTNEED; the files are
+ * mapped read-only, so the bytes stay as they are and a later read faults
+ * them in again from the page cache). For after a load that copied what it
+ * keeps using: the resident set then holds the copies only. */
+void kn_st_release_pages(kn_safetensors *st);
+
 size_t kn_st_count(const kn_safetensors *st);
 const kn_st_tensor *kn_st_at(const kn_safetensors *st, size_t i);
 /* Lookup by exact name; NULL when absent. */

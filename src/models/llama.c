@@ -466,7 +466,7 @@ kn_code kn_model_build_kv(const kn_model_config *cfg, const kn_tensor_source *sr
         if (!pe) { rc = kn_fail(err, KN_ERR_FORMAT, "checkpoint is missing tensor model.embed_tokens_per_layer.weight"); goto fail; }
         if ((rc = ld_check_float(pe, "model.embed_tokens_per_layer.weight", err)) ||
             (rc = ld_check_shape(pe, "model.embed_tokens_per_layer.weight", c->ple_vocab, LP, err)) ||
-            (rc = kn_be_weight_load(be, pe->dtype, c->ple_vocab, LP, pe->data, src->outlives_model, &m->ple_embed, err)) ||
+            (rc = kn_be_weight_load(be, pe->dtype, c->ple_vocab, LP, pe->data, src->borrow, &m->ple_embed, err)) ||
             (rc = ld_load_fused(m, src, 0, pp, 1, c->hidden_size, NULL, &m->ple_model_proj, err)) ||
             (rc = ld_load_vec(m, src, "model.per_layer_projection_norm.weight", 0, c->ple_dim, 1,
                               (float)c->norm_weight_offset, &m->ple_proj_norm, err)))

@@ -269,7 +269,7 @@ kn_code ld_load_fused(kn_model *m, const kn_tensor_source *src, int layer, const
         return kn_fail(err, KN_ERR_UNSUPPORTED, "%s and the tensors fused with it are only partly quantized", name[0]);
     int permute = perm && perm->rot_dim > 0;
     if (n_parts == 1 && !permute)
-        return kn_be_weight_load(m->be, ts[0]->dtype, total, cols, ts[0]->data, src->outlives_model, out, err);
+        return kn_be_weight_load(m->be, ts[0]->dtype, total, cols, ts[0]->data, src->borrow, out, err);
     size_t esz = kn_dtype_size(ts[0]->dtype);
     uint8_t *host = malloc((size_t)total * (size_t)cols * esz);
     if (!host) return kn_fail(err, KN_ERR_NOMEM, "out of memory fusing %s", name[0]);
@@ -350,7 +350,7 @@ kn_code ld_load_stacked(kn_model *m, const kn_tensor_source *src, const char *co
     }
     const kn_dtype dt = ts[0]->dtype;
     if (n_parts == 1)
-        return kn_be_weight_load(m->be, dt, E * rows[0], cols, ts[0]->data, src->outlives_model, out, err);
+        return kn_be_weight_load(m->be, dt, E * rows[0], cols, ts[0]->data, src->borrow, out, err);
     const size_t esz = kn_dtype_size(dt);
     uint8_t *host = malloc((size_t)(E * per_expert) * (size_t)cols * esz), *dst = host;
     if (!host) return kn_fail(err, KN_ERR_NOMEM, "out of memory stacking %s", names[0]);

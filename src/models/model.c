@@ -115,7 +115,7 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
         }
         ctx = be->max_positions;
     }
-    kn_tensor_source src = {.find = view_find, .ctx = &view, .outlives_model = 1};
+    kn_tensor_source src = {.find = view_find, .ctx = &view, .borrow = KN_BORROW_MAPPED};
     kn_model *m;
     kn_kv_spec kv;
     if (o.kv_start > 0 && !o.kv) rc = kn_fail(err, KN_ERR_INVALID_ARG, "--kv-start needs --kv FORMAT");
@@ -134,6 +134,9 @@ kn_code kn_model_open(const char *dir, const kn_model_options *opts, kn_model **
         return kn_fail_wrap(err, "%s", dir);
     }
     m->st = st;
+    /* what the backend copied is read from its copies from now on; what it
+     * uses in place faults back in from the page cache */
+    kn_st_release_pages(st);
     char unused[384];
     describe_unused(&view, unused, sizeof unused);
     if (cfg.wrapper_type[0])

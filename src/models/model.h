@@ -130,12 +130,12 @@ struct kn_model {
 };
 
 /* Where weights come from: a lookup by HF tensor name (NULL when absent).
- * `outlives_model` says the tensor bytes stay valid while the model lives, so
- * a backend may use them in place (mmap on CPU). */
+ * `borrow` (kn_borrow) says whether the tensor bytes stay valid while the
+ * model lives, and in what memory, so a backend may use them in place. */
 typedef struct {
     const kn_st_tensor *(*find)(void *ctx, const char *name);
     void *ctx;
-    int outlives_model;
+    kn_borrow borrow;
 } kn_tensor_source;
 
 /* A decoder layer's norm tensor names (after "model.layers.%d.", before

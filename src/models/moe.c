@@ -91,10 +91,10 @@ static kn_code load_fused_experts(kn_model *m, const kn_tensor_source *src, cons
     if (dn->ndim != 3 || dn->shape[0] != E || dn->shape[1] != H || dn->shape[2] != I)
         return kn_fail(err, KN_ERR_FORMAT, "tensor %s must have shape [%lld, %lld, %lld] from config.json", name,
                        (long long)E, (long long)H, (long long)I);
-    if ((rc = kn_be_weight_load(m->be, gu->dtype, E * 2 * I, H, gu->data, src->outlives_model, &L->experts_gate_up,
+    if ((rc = kn_be_weight_load(m->be, gu->dtype, E * 2 * I, H, gu->data, src->borrow, &L->experts_gate_up,
                                 err)))
         return rc;
-    return kn_be_weight_load(m->be, dn->dtype, E * H, I, dn->data, src->outlives_model, &L->experts_down, err);
+    return kn_be_weight_load(m->be, dn->dtype, E * H, I, dn->data, src->borrow, &L->experts_down, err);
 }
 
 /* mlx-lm's stacked experts (every mlx-community MoE checkpoint, bf16 or

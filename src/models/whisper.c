@@ -299,7 +299,7 @@ static kn_code load_mat(kn_whisper *w, const char *const *names, int n_parts, in
         if (ts[i]->dtype != ts[0]->dtype)
             return kn_fail(err, KN_ERR_UNSUPPORTED, "tensors %s and %s have different dtypes", names[0], names[i]);
     }
-    if (n_parts == 1) return kn_be_weight_load(w->be, ts[0]->dtype, rows_each, cols, ts[0]->data, 1, out, err);
+    if (n_parts == 1) return kn_be_weight_load(w->be, ts[0]->dtype, rows_each, cols, ts[0]->data, KN_BORROW_MAPPED, out, err);
     size_t bytes = ts[0]->nbytes;
     uint8_t *host = malloc(bytes * (size_t)n_parts);
     if (!host) return kn_fail(err, KN_ERR_NOMEM, "out of memory fusing %s", names[0]);
@@ -509,6 +509,7 @@ kn_code kn_whisper_open(const char *dir, const kn_whisper_options *o, kn_whisper
         w->n_ctx = w->cfg.max_source_positions;
         rc = load_weights(w, err);
         if (rc) kn_fail_wrap(err, "%s", dir);
+        else kn_st_release_pages(w->st); /* the copies are what is read from now on (as kn_model_open) */
     }
     if (!rc) rc = alloc_buffers(w, err);
     if (rc) {

@@ -9,10 +9,11 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
+#include "base/host_mem.h"
 #include "backend/op_profile.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_kv.h"
@@ -44,24 +45,12 @@ typedef struct {
 
 static cpu_backend *cpu(kn_backend *be) { return (cpu_backend *)be; }
 
-void *kn_cpu_alloc(size_t bytes) {
-    void *p = NULL;
-    if (bytes >= KN_CPU_HUGE_MIN) { /* weights and caches: whole 2 MiB pages where the kernel gives them */
-        const size_t sz = (bytes + KN_CPU_HUGE_MIN - 1) & ~(KN_CPU_HUGE_MIN - 1);
-        if (posix_memalign(&p, KN_CPU_HUGE_MIN, sz) != 0) return NULL;
-        (void)madvise(p, sz, MADV_HUGEPAGE); /* a hint: without it (or THP off) the pages are 4 KiB */
-        return p;
-    }
-    if (posix_memalign(&p, 64, bytes ? (bytes + 63) & ~(size_t)63 : 64) != 0) return NULL;
-    return p;
-}
-
 static void *cpu_alloc(kn_backend *be, size_t bytes) {
     (void)be;
-    return kn_cpu_alloc(bytes);
+    return kn_host_alloc(bytes);
 }
 
-static void cpu_free(kn_backend *be, void *p) { (void)be; free(p); }
+static void cpu_free(kn_backend *be, void *p) { (void)be; kn_host_free(p); }
 
 static void cpu_copy(kn_backend *be, void *dst, const void *src, size_t n) { (void)be; memcpy(dst, src, n); }
 
@@ -69,14 +58,36 @@ static void cpu_sync(kn_backend *be) { (void)be; }
 
 static void cpu_destroy(kn_backend *be) {
     cpu_backend *c = cpu(be);
-    free(c->gemm_scratch);
-    free(c->attn_scratch);
-    free(c->apack);
+    kn_host_free(c->gemm_scratch);
+    kn_host_free(c->attn_scratch);
+    kn_host_free(c->apack);
     free(c->qprep);
-    free(c->xround);
-    free(c->xnorm);
-    free(c->gu);
+    kn_host_free(c->xround);
+    kn_host_free(c->xnorm);
+    kn_host_free(c->gu);
     free(c);
+}
+
+/* Whether a weight of this many bytes in a file mapping (4 KiB pages) is
+ * copied into huge pages (kn_host_alloc) instead of read in place: from 2 MiB
+ * on, while the system keeps a reserve of max(1 GiB, 1/16 of its memory)
+ * available after the copy (the mapping's pages are clean page cache, which
+ * the kernel reclaims as the copies grow; a model larger than that stays
+ * mapped from there on). KILN_CPU_COPY_WEIGHTS=0 keeps every mapped weight in
+ * place (the smallest resident set). */
+static int copy_mapped_weight(size_t bytes) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("KILN_CPU_COPY_WEIGHTS");
+        env = !(e && !strcmp(e, "0"));
+    }
+    if (!env || bytes < KN_HOST_HUGE_MIN) return 0;
+    const int64_t avail = kn_host_mem_available();
+    if (avail < 0) return 0;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const int64_t total = pages > 0 && page > 0 ? (int64_t)pages * page : 0;
+    const int64_t reserve = total / 16 > ((int64_t)1 << 30) ? total / 16 : (int64_t)1 << 30;
+    return avail - (int64_t)bytes >= reserve;
 }
 
 static kn_code cpu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_t cols, const void *host,
@@ -89,8 +100,10 @@ static kn_code cpu_weight_load(kn_backend *be, kn_dtype dt, int64_t rows, int64_
     out->bits = out->group_size = 0;
     out->scales = out->biases = NULL;
     /* borrow in place only when aligned (kernels assume element alignment;
-     * a header whose length is not a multiple of 8 misaligns every tensor) */
-    if (may_borrow && ((uintptr_t)host & 63) == 0) {
+     * a header whose length is not a multiple of 8 misaligns every tensor),
+     * and a file mapping's bytes only where no huge-page copy is made */
+    if (may_borrow && ((uintptr_t)host & 63) == 0 &&
+        (may_borrow == KN_BORROW_RESIDENT || !copy_mapped_weight(kn_dtype_size(dt) * (size_t)rows * (size_t)cols))) {
         out->data = host;
         out->owned = 0;
         return KN_OK;
@@ -175,7 +188,7 @@ static void *grow_xround(cpu_backend *c, size_t n) {
     if (n > c->xround_floats) {
         float *p = cpu_alloc(&c->base, n * sizeof(float));
         if (!p) return NULL;
-        free(c->xround);
+        kn_host_free(c->xround);
         c->xround = p, c->xround_floats = n;
     }
     return c->xround;
@@ -262,7 +275,7 @@ static int cpu_fused_matmul(kn_backend *be, const float *x, int M, const float *
         if ((size_t)M * (size_t)K > c->xnorm_floats) {
             float *p = cpu_alloc(be, (size_t)M * (size_t)K * sizeof(float));
             if (!p) return 0;
-            free(c->xnorm);
+            kn_host_free(c->xnorm);
             c->xnorm = p, c->xnorm_floats = (size_t)M * (size_t)K;
         }
         for (int m = 0; m < M; m++) rms_norm_row(x + m * K, c->xnorm + m * K, (int)K, norm_w, eps);
@@ -271,7 +284,7 @@ static int cpu_fused_matmul(kn_backend *be, const float *x, int M, const float *
     if (epilogue == KN_EPI_SWIGLU && (size_t)M * (size_t)N > c->gu_floats) {
         float *p = cpu_alloc(be, (size_t)M * (size_t)N * sizeof(float));
         if (!p) return 0;
-        free(c->gu);
+        kn_host_free(c->gu);
         c->gu = p, c->gu_floats = (size_t)M * (size_t)N;
     }
     kn_gemv_job job;
@@ -291,7 +304,7 @@ static int cpu_matmul_bf16(cpu_backend *c, const float *x, int M, const kn_weigh
     if (need > c->apack_floats) {
         float *p = cpu_alloc(&c->base, need * sizeof(float));
         if (!p) return 0;
-        free(c->apack);
+        kn_host_free(c->apack);
         c->apack = p, c->apack_floats = need;
     }
     uint32_t *apk = (uint32_t *)c->apack;
@@ -330,7 +343,7 @@ static void cpu_matmul_f32(cpu_backend *c, const float *x, int M, const kn_weigh
                 }
                 return;
             }
-            free(c->apack);
+            kn_host_free(c->apack);
             c->apack = p, c->apack_floats = need;
         }
         const int tiles = (M + KN_GEMM_MR - 1) / KN_GEMM_MR;

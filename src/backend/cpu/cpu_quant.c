@@ -28,7 +28,7 @@ kn_code kn_cpu_weight_load_quant(kn_backend *be, const kn_quant_host *s, kn_weig
     const size_t esz = kn_dtype_size(s->sb_dtype);
     const size_t qbytes = (size_t)s->rows * (size_t)words * 4, sbytes = (size_t)s->rows * (size_t)groups * esz;
     const size_t qpad = (qbytes + 63) & ~(size_t)63, spad = (sbytes + 63) & ~(size_t)63;
-    void *p = kn_cpu_alloc(qpad + 2 * spad);
+    void *p = kn_host_alloc(qpad + 2 * spad);
     if (!p)
         return kn_fail(err, KN_ERR_NOMEM, "cpu backend: out of memory for a %zu-byte quantized weight", qpad + 2 * spad);
     memcpy(p, s->q, qbytes);

@@ -6,12 +6,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_stream.h"
-
-/* 64-byte aligned memory for free(); from KN_CPU_HUGE_MIN bytes on, 2 MiB
- * aligned and advised to transparent huge pages (decode streams every weight
- * once per token: 512x fewer TLB misses). Defined in cpu_backend.c. */
-#define KN_CPU_HUGE_MIN ((size_t)2 << 20)
-void *kn_cpu_alloc(size_t bytes);
+#include "base/host_mem.h"
 
 kn_code kn_cpu_weight_load_quant(kn_backend *be, const kn_quant_host *src, kn_weight *out, kn_error *err);
 /* out[M, N] = x[M, K] . W^T (+ bias) for a quantized w where

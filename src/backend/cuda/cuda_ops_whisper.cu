@@ -95,7 +95,10 @@ extern "C" void kn_cuda_attention_dense(kn_backend *be, const kn_dense_attention
         return;
     }
     dim3 grid((unsigned)a->n_q, (unsigned)a->n_heads);
-    size_t shmem = sizeof(float) * (size_t)(a->n_kv > 0 ? a->n_kv : 1);
+    /* whole 16-byte units: compute-sanitizer found the score loop reading
+     * 12 bytes past a 9-key row (a wide shared load over the last score;
+     * the block's shared allocation covers it, memcheck's bounds do not) */
+    size_t shmem = sizeof(float) * (((size_t)(a->n_kv > 0 ? a->n_kv : 1) + 3) & ~(size_t)3);
     kn_cuda_before_launch();
     k_attention_dense<<<grid, 128, shmem, kn_cuda_stream(be)>>>(*a);
     kn_cuda_launched(be, "attention_dense");

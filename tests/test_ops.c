@@ -29,9 +29,14 @@ static void *dev(const void *host, size_t bytes) {
     if (host) kn_be_upload(be, d, host, bytes);
     return d;
 }
-static void back(void *host, void *d, size_t bytes) {
+/* device bytes to the host; back() then frees the device buffer, peek()
+ * leaves it to its owner (a KV pool's cache rows) */
+static void peek(void *host, const void *d, size_t bytes) {
     kn_be_sync(be);
     kn_be_download(be, host, d, bytes);
+}
+static void back(void *host, void *d, size_t bytes) {
+    peek(host, d, bytes);
     kn_be_free(be, d);
 }
 
@@ -766,9 +771,9 @@ static void test_rope_kv_write(int n_tokens, int nq, int nkv, int hd, int rot_di
             rope_kv_steps(dx, dv, stride, n_tokens, nq, nkv, hd, dpos, &rt, &kv, dslots, qn, kn, eps);
         }
         back(fused ? xf : xa, dx, xb);
-        back((fused ? cf : ca), kv.k, kb);
-        back((fused ? cf : ca) + kb, kv.v, vb);
-        kn_be_free(be, dx), kn_kv_pool_destroy(pool);
+        peek((fused ? cf : ca), kv.k, kb); /* the pool's rows: freed with it */
+        peek((fused ? cf : ca) + kb, kv.v, vb);
+        kn_kv_pool_destroy(pool);
         if (!done) { /* declined: nothing to compare */
             memcpy(xf, xa, xb), memcpy(cf, ca, cb);
             break;

@@ -212,7 +212,8 @@ typedef enum {
     KN_BORROW_NO = 0,       /* transient: copy them */
     KN_BORROW_MAPPED = 1,   /* valid while the model lives, in a read-only file mapping (4 KiB pages of the
                              * page cache) */
-    KN_BORROW_RESIDENT = 2, /* valid while the model lives, in process memory on huge pages (kn_host_alloc) */
+    KN_BORROW_RESIDENT = 2, /* valid while the model lives, in process memory (the synthetic store's
+                             * kn_host_alloc blocks, on huge pages) */
 } kn_borrow;
 
 typedef struct kn_backend_vtbl {

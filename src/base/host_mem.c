@@ -5,7 +5,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 
 #define HOST_MAGIC_SMALL 0x6b6c6e736d616c6cULL /* "klnsmall" */

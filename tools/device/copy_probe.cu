@@ -110,7 +110,8 @@ __global__ void k_async(probe_args a) {
         case 2: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
         case 3: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
         case 4: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+        case 6: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+        default: __trap(); /* run() takes 2, 3, 4 or 6 stages only */
         }
         __syncwarp();
         acc += ((const unsigned *)(buf + (size_t)s * a.chunk_bytes))[lane];
@@ -148,6 +149,8 @@ static double run(const char *mode, int warps, int blocks_per_sm, int chunk, int
     probe_args a = {src, sink, (long long)(BUF / chunk), chunk, copies, stages};
     size_t smem = 0;
     void (*k)(probe_args) = nullptr;
+    if (mode[0] == 'a' && !(stages >= 2 && stages <= 4) && stages != 6) return -1;
+    if (mode[0] == 'l' && chunk != 2048 && chunk != 4096 && chunk != 8192) return -1;
     if (mode[0] == 'b') k = k_bulk, smem = (size_t)warps * 64 + (size_t)warps * stages * chunk;
     else if (mode[0] == 'a') k = k_async, smem = (size_t)warps * stages * chunk;
     else if (chunk == 2048) k = k_ldg<4>;
@@ -202,7 +205,7 @@ int main(void) {
     printf("%-6s %5s %5s %7s %6s %6s %9s\n", "mode", "warps", "blk/SM", "chunk", "copies", "stages", "GB/s");
     for (auto &c : cases) {
         const double g = run(c.mode, c.warps, c.bps, c.chunk, c.copies, c.stages, src, sink, sms);
-        if (g < 0) printf("%-6s %5d %5d %7d %6d %6d %9s\n", c.mode, c.warps, c.bps, c.chunk, c.copies, c.stages, "no fit");
+        if (g < 0) printf("%-6s %5d %5d %7d %6d %6d %9s\n", c.mode, c.warps, c.bps, c.chunk, c.copies, c.stages, "no fit / shape not taken");
         else printf("%-6s %5d %5d %7d %6d %6d %9.1f\n", c.mode, c.warps, c.bps, c.chunk, c.copies, c.stages, g);
     }
     return 0;

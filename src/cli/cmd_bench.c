@@ -4,7 +4,14 @@
  *
  * Decode floor: every step reads all weights once plus the KV written so far;
  * floor tok/s = read bandwidth / bytes per step (per sequence-step for
- * batch > 1 the weights are shared, so the floor is batch x that). */
+ * batch > 1 the weights are shared, so the floor is batch x that).
+ *
+ * --floor-every N pairs the floor with the decode it judges, for machines
+ * whose read rate moves during a run (shared VMs): the decode runs in
+ * segments of N steps with the read probe before each segment and after the
+ * last, each segment's fraction of the floor is taken against the mean of the
+ * two probes around it, and the median over segments is reported beside the
+ * single-probe fraction. Probe time is not decode time. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +35,8 @@ static double now_s(void) {
 typedef struct {
     double read_gbs, prefill_tps, prefill_s, decode_tps, decode_s, weight_gb, active_gb, floor_tps, gflops_prefill, ttft_s;
     double prefill_tps_min, prefill_tps_max; /* over the repetitions; prefill_tps / ttft_s are their medians */
+    int segments;                            /* --floor-every: decode segments, each between two probes */
+    double paired_fraction, probe_gbs_min, probe_gbs_max; /* median segment fraction; the probes' range */
 } bench_result;
 
 #define BENCH_MAX_REPS 20
@@ -46,7 +55,12 @@ static void fill_sample_rows(kn_sample_params *rows, int batch, const kn_sample_
         rows[b] = *sample, rows[b].u = (double)((*state = *state * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53;
 }
 
-static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int reps, int host_logits,
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int reps, int host_logits, int floor_every,
                          const kn_sample_params *sample, bench_result *r, kn_error *err) {
     const int V = m->cfg.vocab_size;
     kn_kv_seq *seqs = calloc((size_t)batch, sizeof *seqs);
@@ -101,24 +115,34 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int reps, 
     pre_s[rep] = now_s() - t0;
     }
     if (!rc) {
-        qsort(pre_s, (size_t)reps, sizeof *pre_s, cmp_double);
-        qsort(ttft, (size_t)reps, sizeof *ttft, cmp_double);
-        r->prefill_s = reps % 2 ? pre_s[reps / 2] : 0.5 * (pre_s[reps / 2 - 1] + pre_s[reps / 2]);
-        r->ttft_s = reps % 2 ? ttft[reps / 2] : 0.5 * (ttft[reps / 2 - 1] + ttft[reps / 2]);
+        r->prefill_s = median_of(pre_s, reps);
+        r->ttft_s = median_of(ttft, reps);
         r->prefill_tps = (double)prompt * batch / r->prefill_s;
         r->prefill_tps_max = (double)prompt * batch / pre_s[0];
         r->prefill_tps_min = (double)prompt * batch / pre_s[reps - 1];
     }
-    /* decode: all sequences advance one token per step */
-    double t1 = now_s();
-    for (int g = 0; !rc && g < gen; g++) {
-        for (int b = 0; b < batch; b++) tok[b] = (int32_t)((g * 31 + b) % V), pos[b] = prompt + g, sidx[b] = b, rows[b] = b;
-        fill_sample_rows(sp_rows, batch, sample, &useed);
-        kn_batch bt = {.n_tokens = batch, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = batch, .seqs = sp,
-                       .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next, .sample = sp_rows};
-        rc = kn_model_forward(m, &bt, logits, err);
+    /* decode: all sequences advance one token per step; with floor_every,
+     * in segments of that many steps, the read probe around each */
+    const int seg_len = floor_every > 0 && floor_every < gen ? floor_every : gen;
+    const int n_seg = (gen + seg_len - 1) / seg_len;
+    double *seg_s = calloc((size_t)n_seg, sizeof *seg_s), *probe = calloc((size_t)n_seg + 1, sizeof *probe);
+    if (!rc && (!seg_s || !probe)) rc = kn_fail(err, KN_ERR_NOMEM, "out of memory");
+    if (!rc && floor_every > 0) probe[0] = m->be->vt->read_bandwidth(m->be) / 1e9;
+    r->decode_s = 0.0;
+    for (int sg = 0; !rc && sg < n_seg; sg++) {
+        const double t1 = now_s();
+        for (int g = sg * seg_len; !rc && g < gen && g < (sg + 1) * seg_len; g++) {
+            for (int b = 0; b < batch; b++)
+                tok[b] = (int32_t)((g * 31 + b) % V), pos[b] = prompt + g, sidx[b] = b, rows[b] = b;
+            fill_sample_rows(sp_rows, batch, sample, &useed);
+            kn_batch bt = {.n_tokens = batch, .tokens = tok, .pos = pos, .seq = sidx, .n_seqs = batch, .seqs = sp,
+                           .n_logits = batch, .logit_rows = rows, .argmax = host_logits ? NULL : next, .sample = sp_rows};
+            rc = kn_model_forward(m, &bt, logits, err);
+        }
+        seg_s[sg] = now_s() - t1;
+        r->decode_s += seg_s[sg];
+        if (!rc && floor_every > 0) probe[sg + 1] = m->be->vt->read_bandwidth(m->be) / 1e9;
     }
-    r->decode_s = now_s() - t1;
     r->decode_tps = (double)gen * batch / r->decode_s;
     double wbytes = (double)kn_model_weight_bytes(m);
     r->weight_gb = (double)kn_model_total_weight_bytes(m) / 1e9;
@@ -142,6 +166,19 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int reps, 
     const double ring_tok = m->kv->ring ? (double)kn_kv_bytes_per_token(m->kv->ring) : 0.0;
     double kv_per_step = ((double)(kn_kv_bytes_per_token(m->kv) - ring_tok) * ctx + ring_tok * win) * batch;
     r->floor_tps = r->read_gbs * 1e9 / (wbytes + kv_per_step) * batch;
+    r->segments = floor_every > 0 && !rc ? n_seg : 0;
+    if (r->segments) { /* each segment against the probes on either side of it */
+        r->probe_gbs_min = r->probe_gbs_max = probe[0];
+        for (int sg = 0; sg < n_seg; sg++) {
+            const int steps = (sg + 1) * seg_len < gen ? seg_len : gen - sg * seg_len;
+            const double floor_tps = 0.5 * (probe[sg] + probe[sg + 1]) * 1e9 / (wbytes + kv_per_step) * batch;
+            r->probe_gbs_min = fmin(r->probe_gbs_min, probe[sg + 1]);
+            r->probe_gbs_max = fmax(r->probe_gbs_max, probe[sg + 1]);
+            seg_s[sg] = (double)steps * batch / seg_s[sg] / floor_tps; /* now the segment's fraction */
+        }
+        r->paired_fraction = median_of(seg_s, n_seg);
+    }
+    free(seg_s), free(probe);
     /* matmul FLOPs of prefill: 2 x weight elements x tokens */
     double elems = 0;
     for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -158,7 +195,7 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int reps, 
 int kn_cmd_bench(int argc, char **argv) {
     kn_cli_common common = {0};
     const char *model = NULL, *synthetic = NULL, *dtype_arg = NULL;
-    long prompt = 128, gen = 64, batch = 1, bits = 0, group_size = 64, reps = 1;
+    long prompt = 128, gen = 64, batch = 1, bits = 0, group_size = 64, reps = 1, floor_every = 0;
     int json = 0, host_logits = 0;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     long top_k = 0;
@@ -184,6 +221,7 @@ int kn_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--gen")) rc = kn_parse_int(a, v, 1, 1 << 20, &gen, &err);
         else if (!strcmp(a, "--batch")) rc = kn_parse_int(a, v, 1, 512, &batch, &err);
         else if (!strcmp(a, "--reps")) rc = kn_parse_int(a, v, 1, BENCH_MAX_REPS, &reps, &err);
+        else if (!strcmp(a, "--floor-every")) rc = kn_parse_int(a, v, 1, 1 << 20, &floor_every, &err);
         else if (!strcmp(a, "--dtype")) dtype_arg = v;
         else if (!strcmp(a, "--bits")) rc = kn_parse_int(a, v, 0, 8, &bits, &err);
         else if (!strcmp(a, "--group-size")) rc = kn_parse_int(a, v, 32, 128, &group_size, &err);
@@ -258,7 +296,8 @@ int kn_cmd_bench(int argc, char **argv) {
     if (temp > 0.0 && !sampled && !host_logits)
         fprintf(stderr, "bench: the %s backend cannot sample; decoding greedily\n", m->be->vt->name);
     const char *how = host_logits ? "host logits" : sampled ? "backend sampling" : "backend greedy";
-    rc = run_bench(m, (int)prompt, (int)gen, (int)batch, (int)reps, host_logits, sampled ? &sparams : NULL, &r, &err);
+    rc = run_bench(m, (int)prompt, (int)gen, (int)batch, (int)reps, host_logits, (int)floor_every,
+                   sampled ? &sparams : NULL, &r, &err);
     if (!rc) {
         if (json)
             printf("{\"model\": \"%s\", \"desc\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"prompt\": %ld, "
@@ -266,10 +305,15 @@ int kn_cmd_bench(int argc, char **argv) {
                    "\"prefill_tok_s\": %.2f, \"prefill_tok_s_min\": %.2f, \"prefill_tok_s_max\": %.2f, \"prefill_reps\": %ld, "
                    "\"prefill_gflops\": %.1f, \"decode_tok_s\": %.2f, "
                    "\"decode_floor_tok_s\": %.2f, \"decode_fraction_of_floor\": %.3f, \"ttft_ms\": %.2f, "
-                   "\"sampling\": \"%s\"}\n",
+                   "\"sampling\": \"%s\"",
                    label, m->desc, m->be->vt->name, m->be->n_threads, prompt, gen, batch, r.weight_gb, r.active_gb, r.read_gbs,
                    r.prefill_tps, r.prefill_tps_min, r.prefill_tps_max, reps, r.gflops_prefill, r.decode_tps, r.floor_tps,
                    r.decode_tps / r.floor_tps, r.ttft_s * 1e3, how);
+        if (json && r.segments)
+            printf(", \"floor_segments\": %d, \"decode_fraction_paired\": %.3f, \"probe_gbs_min\": %.2f, "
+                   "\"probe_gbs_max\": %.2f",
+                   r.segments, r.paired_fraction, r.probe_gbs_min, r.probe_gbs_max);
+        if (json) printf("}\n");
         else
             printf("model    %s\n         %s\nbackend  %s, %d threads\nweights  %.3f GB, %.3f GB read per decode step (active)\n"
                    "memory   %.1f GB/s read bandwidth (measured now)\n"
@@ -281,6 +325,10 @@ int kn_cmd_bench(int argc, char **argv) {
                    r.floor_tps,
                    100.0 * r.decode_tps / r.floor_tps, how,
                    r.ttft_s * 1e3);
+        if (!json && r.segments)
+            printf("paired   %.1f%% of the floor: median over %d decode segments, each against the read probes "
+                   "around it (%.1f..%.1f GB/s)\n",
+                   100.0 * r.paired_fraction, r.segments, r.probe_gbs_min, r.probe_gbs_max);
     }
     kn_model_close(m);
     kn_synthetic_free(syn);

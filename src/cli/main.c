@@ -19,7 +19,7 @@ static const char usage[] =
     "        (cpu: kissfft on the host, the default; cuda: cuFFT on the GPU)\n"
     "  transcribe AUDIO --model WHISPER [--language L] [--task transcribe|translate] [--beam-size N] [--prompt TEXT]\n"
     "        [--format text|json|verbose_json|srt|vtt|tokens] [--no-timestamps] [--word-timestamps] [--temperature T] [--no-fallback]\n"
-    "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--reps R] [--dtype bf16|f16|f32] [--bits 4|8 [--group-size 64]] [--host-logits] [--json]\n"
+    "  bench MODEL|--synthetic CONFIG.json [--prompt N] [--gen N] [--batch B] [--reps R] [--floor-every N] [--dtype bf16|f16|f32] [--bits 4|8 [--group-size 64]] [--host-logits] [--json]\n"
     "  tokenize MODEL TEXT [--special] [--json]   ids of TEXT (\"-\": stdin); --special adds BOS/EOS etc.\n"
     "  detokenize MODEL IDS... [--skip-special]   text of the ids\n"
     "  quantize IN_DIR OUT_DIR [--bits 2|3|4|5|6|8] [--group-size 32|64|128] [--mixed mixed_2_6|mixed_3_4|mixed_3_6|mixed_4_6] [--force]\n"

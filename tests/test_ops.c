@@ -6,7 +6,8 @@
  * results downloaded). The model-family ops (soft-capping, scale, sigmoid
  * gate, MoE routing and experts, gemma3n's stream mixing / magnitude
  * matching / gaussian top-k) are checked the same way at the end, and
- * MLX-quantized weights (bits 2/4/8, groups 32/64/128) after the matmuls. */
+ * MLX-quantized weights (bits 2/4/8, groups 32/64/128) after the matmuls.
+ * KILN_TEST_SEED=N runs every case on other random draws. */
 #include <string.h>
 
 #include "backend/backend.h"
@@ -1405,7 +1406,8 @@ static void test_moe_ffn_f(kn_dtype dt, int n, int E, int k, int dim, int inter,
      * scales up to 0.05, plus biases of +-0.2: a mean near 3 at 8 bits), so at
      * unit-scale x the gate/up sums reach hundreds and their products ~1e5.
      * Where the down projection's weights are dense F16, x is rounded to F16
-     * (max 65504) as an F16 model's would be: there x is scaled down so the
+     * (max 65504) as an F16 model's would be: there x, and the norm weight
+     * that sets x's scale after the RMSNorm, are scaled down so the
      * activations stay inside F16's range whatever the random draws. */
     const float xscale = dt == KN_DT_F16 && bits ? 0.1f : 1.0f;
     fill(x, (int64_t)n * dim, xscale);

@@ -165,13 +165,14 @@ static kn_code run_bench(kn_model *m, int prompt, int gen, int batch, int reps, 
     const double ctx = prompt + gen / 2.0, win = m->cfg.sliding_window < ctx ? m->cfg.sliding_window : ctx;
     const double ring_tok = m->kv->ring ? (double)kn_kv_bytes_per_token(m->kv->ring) : 0.0;
     double kv_per_step = ((double)(kn_kv_bytes_per_token(m->kv) - ring_tok) * ctx + ring_tok * win) * batch;
-    r->floor_tps = r->read_gbs * 1e9 / (wbytes + kv_per_step) * batch;
+    const double tps_per_gbs = 1e9 / (wbytes + kv_per_step) * batch; /* floor tok/s per GB/s of reads */
+    r->floor_tps = r->read_gbs * tps_per_gbs;
     r->segments = floor_every > 0 && !rc ? n_seg : 0;
     if (r->segments) { /* each segment against the probes on either side of it */
         r->probe_gbs_min = r->probe_gbs_max = probe[0];
         for (int sg = 0; sg < n_seg; sg++) {
             const int steps = (sg + 1) * seg_len < gen ? seg_len : gen - sg * seg_len;
-            const double floor_tps = 0.5 * (probe[sg] + probe[sg + 1]) * 1e9 / (wbytes + kv_per_step) * batch;
+            const double floor_tps = 0.5 * (probe[sg] + probe[sg + 1]) * tps_per_gbs;
             r->probe_gbs_min = fmin(r->probe_gbs_min, probe[sg + 1]);
             r->probe_gbs_max = fmax(r->probe_gbs_max, probe[sg + 1]);
             seg_s[sg] = (double)steps * batch / seg_s[sg] / floor_tps; /* now the segment's fraction */

@@ -115,9 +115,9 @@ __device__ __forceinline__ int code_pos(int e) {
  * warp). When x fits one batch, the sums of squares come from the same
  * registers; otherwise a first pass reads x for them. */
 #define QG_XB 2
-template <int M>
+template <int M, int W>
 __device__ __forceinline__ void qg_block_rms(float (&ss)[M], int64_t K, float eps, float *inv_rms) {
-    __shared__ float red[M][QG_WARPS];
+    __shared__ float red[M][W];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #pragma unroll
     for (int m = 0; m < M; m++) {
@@ -127,17 +127,17 @@ __device__ __forceinline__ void qg_block_rms(float (&ss)[M], int64_t K, float ep
     __syncthreads();
     if (tid < M) {
         float tot = 0.0f;
-        for (int i = 0; i < QG_WARPS; i++) tot += red[tid][i];
+        for (int i = 0; i < W; i++) tot += red[tid][i];
         inv_rms[tid] = 1.0f / sqrtf(tot / (float)K + eps);
     }
     __syncthreads();
 }
 
-template <int BITS, int M, int NORM, bool XW>
+template <int BITS, int M, int NORM, bool XW, int W>
 __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, const float *__restrict__ norm_w,
                               float eps, qg_smem s, const float *__restrict__ xw, int64_t xw_span) {
     __shared__ float inv_rms[M];
-    constexpr int T = QG_WARPS * 32;
+    constexpr int T = W * 32;
     const int tid = threadIdx.x;
     const int chunks = (int)(K / 16), total = M * chunks; /* 32-bit: x is at most 160 KB */
     const bool one_batch = total <= QG_XB * T;
@@ -157,7 +157,7 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
 #pragma unroll
             for (int m = 0; m < M; m++) ss[m] += c / chunks == m ? a : 0.0f;
         }
-        qg_block_rms<M>(ss, K, eps, inv_rms);
+        qg_block_rms<M, W>(ss, K, eps, inv_rms);
     }
     const int span = gs / 16; /* lanes sharing a group */
     for (int c0 = 0; c0 < total; c0 += QG_XB * T) {
@@ -196,7 +196,7 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
 #pragma unroll
                 for (int m = 0; m < M; m++) ss[m] += cm[b] == m ? a : 0.0f;
             }
-            qg_block_rms<M>(ss, K, eps, inv_rms);
+            qg_block_rms<M, W>(ss, K, eps, inv_rms);
         }
 #pragma unroll
         for (int b = 0; b < QG_XB; b++) {
@@ -245,13 +245,13 @@ __device__ void qg_quantize_x(const float *__restrict__ x, int64_t K, int gs, co
  * x into the block's shared memory at base (returned as its layout) and
  * zero the warp's sums. With xw, element c of x is first multiplied by
  * xw[c / xw_span]. */
-template <int BITS, int M, int NORM, bool XW = false>
+template <int BITS, int M, int NORM, bool XW = false, int W = QG_WARPS>
 __device__ __forceinline__ qg_smem qg_begin(void *base, const float *__restrict__ x, int64_t K, int gs,
                                             const float *__restrict__ norm_w, float eps, float (*acc)[M],
                                             const float *__restrict__ xw = nullptr, int64_t xw_span = 1) {
     kn_pdl_wait();
     const qg_smem s = qg_layout(base, M, K, gs);
-    qg_quantize_x<BITS, M, NORM, XW>(x, K, gs, norm_w, eps, s, xw, xw_span);
+    qg_quantize_x<BITS, M, NORM, XW, W>(x, K, gs, norm_w, eps, s, xw, xw_span);
 #pragma unroll
     for (int r = 0; r < QG_RW; r++)
 #pragma unroll
@@ -317,7 +317,7 @@ __device__ __forceinline__ qg_pos qg_next(const qg_stream &st, qg_pos p) {
 /* warp's stream in a persistent grid over N output columns (C per set) of a
  * K-wide matrix with groups of gs (a power of two), chunks of 32 * U pieces
  * per row; *total = the number of chunks it computes */
-template <int BITS, int C>
+template <int BITS, int C, int W = QG_WARPS>
 __device__ __forceinline__ qg_stream qg_stream_of(int64_t N, int64_t K, int gs, int sbdt, int U, int warp,
                                                   int64_t *total) {
     constexpr int E = 128 / BITS;
@@ -325,7 +325,7 @@ __device__ __forceinline__ qg_stream qg_stream_of(int64_t N, int64_t K, int gs, 
     st.N = N, st.P = K / E, st.G = K / gs, st.gshift = __ffs(gs) - 1, st.sbdt = sbdt;
     st.nch = (int)((st.P + 32 * U - 1) / (32 * U));
     st.n_sets = (N + C - 1) / C;
-    st.set0 = (int64_t)blockIdx.x * QG_WARPS + warp, st.stride = (int64_t)gridDim.x * QG_WARPS;
+    st.set0 = (int64_t)blockIdx.x * W + warp, st.stride = (int64_t)gridDim.x * W;
     const int64_t my_sets = st.set0 < st.n_sets ? (st.n_sets - st.set0 + st.stride - 1) / st.stride : 0;
     *total = my_sets * st.nch;
     return st;
@@ -485,6 +485,9 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
  * every chunk's scales and biases are whole 16-byte units (the copy engine's
  * granule); k_qgemv covers the rest. */
 #define QB_U 4
+#ifndef QB_WARPS
+#define QB_WARPS 8 /* warps per block; 16 blocks' worth of warps per SM (2 blocks of 8, or 1 of 16) */
+#endif
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900 /* the copy engine and mbarrier tx counts: sm_90 */
 #define QB_SM90 1
 #else
@@ -692,7 +695,7 @@ __host__ __device__ __forceinline__ size_t qb_align16(size_t n) { return (n + 15
 
 #define QG_MAX_SLOTS 64 /* the experts' down form: slots per token */
 template <int BITS, int M, int NORM, int EPI, int SB, int MAP>
-__global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 128 registers */
+__global__ void __launch_bounds__(QB_WARPS * 32, 16 / QB_WARPS) /* 16 warps per SM: at most 128 registers */
     k_qgemv_bulk(const float *__restrict__ x, const uint8_t *__restrict__ q, const uint8_t *__restrict__ scales,
                  const uint8_t *__restrict__ biases, qb_geom gm, int64_t N, int64_t K, int gs,
                  const float *__restrict__ bias, float *__restrict__ out, int accumulate,
@@ -701,13 +704,13 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t total;
-    const qg_stream st = qg_stream_of<BITS, C>(N, K, gs, SB, QB_U, warp, &total);
+    const qg_stream st = qg_stream_of<BITS, C, QB_WARPS>(N, K, gs, SB, QB_U, warp, &total);
     const int S = gm.stages;
 
     uint8_t *base = (uint8_t *)qg_dyn;
     const size_t xbytes = (size_t)M * (size_t)K * 2 + (size_t)M * (size_t)(K / gs) * 4 + (size_t)M * (size_t)(K / 16) * 4;
     uint64_t *bars = (uint64_t *)(base + qb_align16(xbytes)) + warp * QB_MAX_STAGES;
-    uint8_t *bufs = base + qb_align16(xbytes) + QG_WARPS * QB_MAX_STAGES * 8 + (size_t)warp * S * gm.stage_bytes;
+    uint8_t *bufs = base + qb_align16(xbytes) + QB_WARPS * QB_MAX_STAGES * 8 + (size_t)warp * S * gm.stage_bytes;
     if (lane == 0) {
         for (int i = 0; i < S; i++) mbar_init(bars + i);
         mbar_init_fence();
@@ -716,7 +719,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
     __shared__ int32_t sids[MAP == QG_MAP_DOWN ? QG_MAX_SLOTS : 1];
     qb_down_sb dsb = {scales, biases, sids, 0, (int)(mp.inter * BITS / 128), (int)(mp.inter / gs)};
     if (MAP == QG_MAP_DOWN) { /* read before the wait: the gate/up kernel before triggers only after its wait */
-        for (int i = threadIdx.x; i < mp.slots; i += QG_WARPS * 32) sids[i] = __ldcg(mp.idx + i);
+        for (int i = threadIdx.x; i < mp.slots; i += QB_WARPS * 32) sids[i] = __ldcg(mp.idx + i);
         __syncthreads(); /* one L2 round trip for the block, not one per run a copy starts */
     }
     if (MAP != QG_MAP_GATE_UP) kn_pdl_trigger();
@@ -734,7 +737,8 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) /* 2 blocks per SM: at most 
         pl = qg_next(st, pl);
     }
     float acc[QG_RW][M];
-    const qg_smem s = qg_begin<BITS, M, NORM, MAP == QG_MAP_DOWN>(qg_dyn, x, K, gs, norm_w, eps, acc, mp.wt, mp.inter);
+    const qg_smem s =
+        qg_begin<BITS, M, NORM, MAP == QG_MAP_DOWN, QB_WARPS>(qg_dyn, x, K, gs, norm_w, eps, acc, mp.wt, mp.inter);
     qg_pos p = {st.set0, 0};
     int stage = 0;
     uint32_t parity = 0;
@@ -783,9 +787,9 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     qb_geom gm;
     gm.gc = (int)(chunk_codes / gs);
     gm.stage_bytes = (int)qb_align16((size_t)qb_codes_bytes() + 2 * (size_t)QG_RW * gm.gc * sbsz);
-    const size_t xbytes = qb_align16(qg_smem_bytes(M, K, (int)gs)) + QG_WARPS * QB_MAX_STAGES * 8;
+    const size_t xbytes = qb_align16(qg_smem_bytes(M, K, (int)gs)) + QB_WARPS * QB_MAX_STAGES * 8;
     const size_t limit = 226 << 10; /* the opt-in maximum (227 KB) less the kernel's static shared memory */
-    const size_t smem = xbytes + (size_t)QG_WARPS * S * gm.stage_bytes;
+    const size_t smem = xbytes + (size_t)QB_WARPS * S * gm.stage_bytes;
     if (smem > limit) return 0;
     gm.stages = S;
     /* the copies' lines first to leave the L2, so the weight stream stops
@@ -808,17 +812,17 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     static int per_sm = 0;
     static size_t per_sm_smem = 0;
     if (!per_sm || per_sm_smem != smem) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, QG_WARPS * 32,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, QB_WARPS * 32,
                                                           smem) != cudaSuccess || per_sm < 1) {
             cudaGetLastError();
             per_sm = 1;
         }
         per_sm_smem = smem;
     }
-    const int64_t sets = (N + C - 1) / C, want = (sets + QG_WARPS - 1) / QG_WARPS;
+    const int64_t sets = (N + C - 1) / C, want = (sets + QB_WARPS - 1) / QB_WARPS;
     const int64_t resident = (int64_t)per_sm * kn_cuda_sm_count(be);
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
-    return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, dim3(blocks), dim3(QG_WARPS * 32), smem, x,
+    return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, dim3(blocks), dim3(QB_WARPS * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
                           gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp) == cudaSuccess;
 }

@@ -607,6 +607,9 @@ static void test_quant_ops(void) {
     /* CUDA: ~6 and ~8 column sets a warp (stage buffers reused across sets) */
     test_qmatmul(4, 64, 1, 24000, 1024, 0, KN_DT_BF16);
     test_fused_qmatmul(8, 64, 1, 16000, 512, 1, KN_EPI_SWIGLU, 1, KN_DT_BF16);
+    /* CUDA: two rows of x too wide for the bulk GEMV's 16-warp block (its
+     * terms leave no room for the stages): the 8-warp form */
+    test_qmatmul(4, 64, 2, 40, 24576, 1, KN_DT_BF16);
     for (int m = 1; m <= 2; m++) /* decode fusions over codes: norm prologue, SwiGLU epilogue */
         for (int b = 0; b < 2; b++) {
             const int bt = b ? 8 : 4;

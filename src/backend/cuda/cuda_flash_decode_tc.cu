@@ -118,7 +118,7 @@ __device__ __forceinline__ uint32_t tc_trans(uint32_t x) {
 template <int HD, bool CAP, bool CQ, bool TR, bool PRE, bool CL>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_flash_tc(kn_attention_args a, kn_kv_layer kv, int n_splits, float *partial, int *counters, int prefetch,
-               kn_tc_rope rk) {
+               int early_trigger, kn_tc_rope rk) {
     constexpr int KT = HD / 16;   /* QK steps (16 dims each) */
     constexpr int NT = HD / 8;    /* PV n-tiles (8 dims each) */
     constexpr int QD = HD / 4;    /* dims of a key row per lane in QK */
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     constexpr int64_t KB = CQ ? HD + 4 * NG : 2 * HD, VB = CQ ? 2 * NG + 3 * HD / 8 : 2 * HD; /* row bytes */
     extern __shared__ float tsh[]; /* [TC_WARPS][16][2 + HD]; k8v3: the value table first */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    kn_pdl_trigger();
+    if (early_trigger) kn_pdl_trigger();
     if constexpr (CQ) { /* value table: entry i (codes i & 7 of row 2t, i >> 3 of row 2t + 1) at word 32 i + lane */
         __shared__ float cent[8];
         if (threadIdx.x < 8) cent[threadIdx.x] = kv.v_tab[threadIdx.x];
@@ -331,6 +331,14 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
     }
     if (!CQ && rk.on) __syncthreads(); /* every warp's q fragments read before the warps meet in tsh */
+    /* The next kernel (the o projection) launched only now, after the
+     * prologue's dependent loads: launched at the start, its blocks' weight
+     * copies (9.4 MB at Llama-3-8B) fill the memory system while this
+     * kernel's q, k, v and first rows make their round trips. H100, 4-bit
+     * Llama-3-8B decode, three alternated rounds: 414.7 -> 417.6 tok/s
+     * (docs/PERF.md, thirty-first session); KILN_ATTN_EARLY_TRIGGER=1
+     * restores the start (A/B runs). */
+    if (!early_trigger) kn_pdl_trigger();
     constexpr int OT = TR ? NT / 2 : NT; /* output tiles: TR m-tiles of 16 dims, else n-tiles of 8 */
     float o[OT][4], ol[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -619,19 +627,21 @@ static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, 
      * merged through distributed shared memory instead of global partials, a
      * fence and a counter (H100: 4-bit Llama-3-8B decode +5%, Qwen3-30B-A3B
      * +6%); KILN_ATTN_CLUSTER=0 turns it off (A/B runs) */
+    static int early = -2; /* KILN_ATTN_EARLY_TRIGGER=1: the next kernel launched at the start (A/B runs) */
+    if (early == -2) early = kvf_env_switch("KILN_ATTN_EARLY_TRIGGER", 0);
     static int cl_env = -2;
     if (cl_env == -2) cl_env = kvf_env_switch("KILN_ATTN_CLUSTER", 1);
     const bool cl = cl_env == 1 && kn_cuda_has_clusters(be) && !tr && f.n_splits > 1 && f.n_splits <= 8;
-    void (*const plain)(kn_attention_args, kn_kv_layer, int, float *, int *, int, kn_tc_rope) =
+    void (*const plain)(kn_attention_args, kn_kv_layer, int, float *, int *, int, int, kn_tc_rope) =
         tr    ? (cap ? k_flash_tc<HD, true, CQ, true, false, false> : k_flash_tc<HD, false, CQ, true, false, false>)
         : pre ? (cap ? k_flash_tc<HD, true, CQ, false, !CQ, false> : k_flash_tc<HD, false, CQ, false, !CQ, false>)
               : (cap ? k_flash_tc<HD, true, CQ, false, false, false> : k_flash_tc<HD, false, CQ, false, false, false>);
     if (cl) {
-        void (*const clustered)(kn_attention_args, kn_kv_layer, int, float *, int *, int, kn_tc_rope) =
+        void (*const clustered)(kn_attention_args, kn_kv_layer, int, float *, int *, int, int, kn_tc_rope) =
             pre ? (cap ? k_flash_tc<HD, true, CQ, false, !CQ, true> : k_flash_tc<HD, false, CQ, false, !CQ, true>)
                 : (cap ? k_flash_tc<HD, true, CQ, false, false, true> : k_flash_tc<HD, false, CQ, false, false, true>);
         if (kn_cuda_launch_cluster(be, clustered, grid, dim3(TC_WARPS * 32), smem, (unsigned)f.n_splits, *a, *a->kv,
-                                   f.n_splits, f.partial, f.counters, prefetch, rk) == cudaSuccess)
+                                   f.n_splits, f.partial, f.counters, prefetch, early, rk) == cudaSuccess)
             return;
         /* no room for the cluster (a partitioned GPU, say): clusters off from
          * here on, these splits merged through the global partials */
@@ -639,7 +649,7 @@ static void launch_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, 
         cl_env = 0;
     }
     kn_cuda_run(be, "flash decode", plain, grid, dim3(TC_WARPS * 32), smem, *a, *a->kv, f.n_splits, f.partial,
-                f.counters, prefetch, rk);
+                f.counters, prefetch, early, rk);
 }
 
 int kn_flash_decode_tc(kn_backend *be, const kn_attention_args *a, flash_plan f, int trans, kn_tc_rope rk) {

@@ -13,7 +13,8 @@
  *
  * A persistent grid (as many blocks as fit at once): every block quantizes x
  * into shared memory once (the RMSNorm prologue, when fused, is applied
- * first), then each of its 8 warps streams sets of 2 weight rows: lane j
+ * first), then each of its warps (8; the bulk kernel's 16 or 8) streams
+ * sets of 2 weight rows: lane j
  * takes 16-byte pieces j, j + 32, ... of both rows (32 4-bit or 16 8-bit
  * codes, always inside one group), U per row per chunk, the next chunk's
  * loads issued before the current chunk is computed. For
@@ -107,7 +108,7 @@ __device__ __forceinline__ int code_pos(int e) {
 }
 
 /* The block quantizes x (M rows; with norm_w: rms_norm(x) * norm_w first)
- * into s. Thread t takes 16-element chunks t, t + 256, ..., QG_XB of them per
+ * into s (W warps). Thread t takes 16-element chunks t, t + 32 W, ..., QG_XB of them per
  * batch with all their loads issued together (the prologue is a few
  * dependent L2 round trips, not one per chunk); the gs / 16 chunks of a group
  * sit in adjacent lanes of one warp and share their max by shuffles. Every
@@ -485,9 +486,6 @@ __global__ void __launch_bounds__(QG_WARPS * 32)
  * every chunk's scales and biases are whole 16-byte units (the copy engine's
  * granule); k_qgemv covers the rest. */
 #define QB_U 4
-#ifndef QB_WARPS
-#define QB_WARPS 8 /* warps per block; 16 blocks' worth of warps per SM (2 blocks of 8, or 1 of 16) */
-#endif
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900 /* the copy engine and mbarrier tx counts: sm_90 */
 #define QB_SM90 1
 #else
@@ -694,8 +692,8 @@ __device__ __forceinline__ void qb_compute(const qg_stream &st, const qb_geom &g
 __host__ __device__ __forceinline__ size_t qb_align16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 #define QG_MAX_SLOTS 64 /* the experts' down form: slots per token */
-template <int BITS, int M, int NORM, int EPI, int SB, int MAP>
-__global__ void __launch_bounds__(QB_WARPS * 32, 16 / QB_WARPS) /* 16 warps per SM: at most 128 registers */
+template <int BITS, int M, int NORM, int EPI, int SB, int MAP, int W> /* W warps a block: 16 or 8 */
+__global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 128 registers */
     k_qgemv_bulk(const float *__restrict__ x, const uint8_t *__restrict__ q, const uint8_t *__restrict__ scales,
                  const uint8_t *__restrict__ biases, qb_geom gm, int64_t N, int64_t K, int gs,
                  const float *__restrict__ bias, float *__restrict__ out, int accumulate,
@@ -704,13 +702,13 @@ __global__ void __launch_bounds__(QB_WARPS * 32, 16 / QB_WARPS) /* 16 warps per 
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t total;
-    const qg_stream st = qg_stream_of<BITS, C, QB_WARPS>(N, K, gs, SB, QB_U, warp, &total);
+    const qg_stream st = qg_stream_of<BITS, C, W>(N, K, gs, SB, QB_U, warp, &total);
     const int S = gm.stages;
 
     uint8_t *base = (uint8_t *)qg_dyn;
     const size_t xbytes = (size_t)M * (size_t)K * 2 + (size_t)M * (size_t)(K / gs) * 4 + (size_t)M * (size_t)(K / 16) * 4;
     uint64_t *bars = (uint64_t *)(base + qb_align16(xbytes)) + warp * QB_MAX_STAGES;
-    uint8_t *bufs = base + qb_align16(xbytes) + QB_WARPS * QB_MAX_STAGES * 8 + (size_t)warp * S * gm.stage_bytes;
+    uint8_t *bufs = base + qb_align16(xbytes) + W * QB_MAX_STAGES * 8 + (size_t)warp * S * gm.stage_bytes;
     if (lane == 0) {
         for (int i = 0; i < S; i++) mbar_init(bars + i);
         mbar_init_fence();
@@ -719,7 +717,7 @@ __global__ void __launch_bounds__(QB_WARPS * 32, 16 / QB_WARPS) /* 16 warps per 
     __shared__ int32_t sids[MAP == QG_MAP_DOWN ? QG_MAX_SLOTS : 1];
     qb_down_sb dsb = {scales, biases, sids, 0, (int)(mp.inter * BITS / 128), (int)(mp.inter / gs)};
     if (MAP == QG_MAP_DOWN) { /* read before the wait: the gate/up kernel before triggers only after its wait */
-        for (int i = threadIdx.x; i < mp.slots; i += QB_WARPS * 32) sids[i] = __ldcg(mp.idx + i);
+        for (int i = threadIdx.x; i < mp.slots; i += W * 32) sids[i] = __ldcg(mp.idx + i);
         __syncthreads(); /* one L2 round trip for the block, not one per run a copy starts */
     }
     if (MAP != QG_MAP_GATE_UP) kn_pdl_trigger();
@@ -737,8 +735,7 @@ __global__ void __launch_bounds__(QB_WARPS * 32, 16 / QB_WARPS) /* 16 warps per 
         pl = qg_next(st, pl);
     }
     float acc[QG_RW][M];
-    const qg_smem s =
-        qg_begin<BITS, M, NORM, MAP == QG_MAP_DOWN, QB_WARPS>(qg_dyn, x, K, gs, norm_w, eps, acc, mp.wt, mp.inter);
+    const qg_smem s = qg_begin<BITS, M, NORM, MAP == QG_MAP_DOWN, W>(qg_dyn, x, K, gs, norm_w, eps, acc, mp.wt, mp.inter);
     qg_pos p = {st.set0, 0};
     int stage = 0;
     uint32_t parity = 0;
@@ -757,8 +754,9 @@ __global__ void __launch_bounds__(QB_WARPS * 32, 16 / QB_WARPS) /* 16 warps per 
     }
 }
 
-/* 0 when the shape does not suit the bulk-copy kernel (k_qgemv runs instead) */
-template <int BITS, int M, int NORM, int EPI, int SB, int MAP = QG_MAP_DENSE>
+/* 0 when the shape does not suit the bulk-copy kernel with W warps a block
+ * (k_qgemv runs instead) */
+template <int BITS, int M, int NORM, int EPI, int SB, int MAP, int W>
 static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias,
                              float *out, int accumulate, const float *norm_w, float eps,
                              qg_rowmap mp = {NULL, 0, NULL, 0}) {
@@ -781,15 +779,15 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     }
     if (!sm90) return 0;
     /* 2 stages: a chunk computed while the next arrives, and the smaller
-     * footprint leaves room for 2 blocks per SM (measured on the H200, 4-bit
+     * footprint leaves room for 16 warps per SM (measured on the H200, 4-bit
      * Llama-3-8B decode: 2 stages 363-365 tok/s, 3 353-356, 4 353-355, 6-8 342) */
     const int S = 2;
     qb_geom gm;
     gm.gc = (int)(chunk_codes / gs);
     gm.stage_bytes = (int)qb_align16((size_t)qb_codes_bytes() + 2 * (size_t)QG_RW * gm.gc * sbsz);
-    const size_t xbytes = qb_align16(qg_smem_bytes(M, K, (int)gs)) + QB_WARPS * QB_MAX_STAGES * 8;
+    const size_t xbytes = qb_align16(qg_smem_bytes(M, K, (int)gs)) + W * QB_MAX_STAGES * 8;
     const size_t limit = 226 << 10; /* the opt-in maximum (227 KB) less the kernel's static shared memory */
-    const size_t smem = xbytes + (size_t)QB_WARPS * S * gm.stage_bytes;
+    const size_t smem = xbytes + (size_t)W * S * gm.stage_bytes;
     if (smem > limit) return 0;
     gm.stages = S;
     /* the copies' lines first to leave the L2, so the weight stream stops
@@ -802,7 +800,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     gm.evict_first = evict_env;
     static size_t smem_allowed = 0; /* per instantiation */
     if (smem > smem_allowed) {
-        if (cudaFuncSetAttribute(k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        if (cudaFuncSetAttribute(k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)limit) != cudaSuccess) {
             cudaGetLastError();
             return 0;
@@ -812,17 +810,17 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     static int per_sm = 0;
     static size_t per_sm_smem = 0;
     if (!per_sm || per_sm_smem != smem) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, QB_WARPS * 32,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP, W>, W * 32,
                                                           smem) != cudaSuccess || per_sm < 1) {
             cudaGetLastError();
             per_sm = 1;
         }
         per_sm_smem = smem;
     }
-    const int64_t sets = (N + C - 1) / C, want = (sets + QB_WARPS - 1) / QB_WARPS;
+    const int64_t sets = (N + C - 1) / C, want = (sets + W - 1) / W;
     const int64_t resident = (int64_t)per_sm * kn_cuda_sm_count(be);
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
-    return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP>, dim3(blocks), dim3(QB_WARPS * 32), smem, x,
+    return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP, W>, dim3(blocks), dim3(W * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
                           gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp) == cudaSuccess;
 }
@@ -861,6 +859,18 @@ static int launch_qgemv_u(kn_backend *be, const float *x, const kn_weight *w, in
                           w->group_size, bias, out, accumulate, norm_w, eps) == cudaSuccess;
 }
 
+/* One block of 16 warps a SM, where x's terms leave room for the stages,
+ * else two blocks of 8: each block quantizes the whole of x, so one block a
+ * SM does it once. H100, 4-bit Llama-3-8B decode, alternated (docs/PERF.md
+ * 2026-12-07 thirty-first session): 16 warps 420.6-422.1 tok/s against 8
+ * warps 416.8-418.1; the down projection's x prologue 5.7 -> 3.7 us. */
+template <int BITS, int M, int NORM, int EPI, int SB, int MAP>
+static int launch_qgemv_bulk_w(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias,
+                               float *out, int accumulate, const float *norm_w, float eps, qg_rowmap mp) {
+    return launch_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP, 16>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp) ||
+           launch_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP, 8>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
+}
+
 /* launch_qgemv_bulk with w's scales format as its template argument (no
  * conversion branch per piece) */
 template <int BITS, int M, int NORM, int EPI, int MAP = QG_MAP_DENSE>
@@ -869,11 +879,11 @@ static int launch_qgemv_bulk_sb(kn_backend *be, const float *x, const kn_weight 
                                 qg_rowmap mp = {NULL, 0, NULL, 0}) {
     switch (w->sb_dtype) {
     case KN_DT_BF16:
-        return launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_BF16, MAP>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
+        return launch_qgemv_bulk_w<BITS, M, NORM, EPI, KN_DT_BF16, MAP>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
     case KN_DT_F16:
-        return launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_F16, MAP>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
+        return launch_qgemv_bulk_w<BITS, M, NORM, EPI, KN_DT_F16, MAP>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
     default:
-        return launch_qgemv_bulk<BITS, M, NORM, EPI, KN_DT_F32, MAP>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
+        return launch_qgemv_bulk_w<BITS, M, NORM, EPI, KN_DT_F32, MAP>(be, x, w, N, bias, out, accumulate, norm_w, eps, mp);
     }
 }
 

@@ -833,6 +833,8 @@ static void test_rope_kv_attention(int n_seqs, int nq, int nkv, int hd, int ctx,
     for (int64_t i = 0; i < n_el; i++) k16[i] = kn_f32_to_bf16(rows[i]);
     fill(rows, n_el, 1.0f);
     for (int64_t i = 0; i < n_el; i++) v16[i] = kn_f32_to_bf16(rows[i]);
+    for (int t = 0; t < n; t++) /* the rows about to be written hold NaN: no path may read them stale */
+        for (int64_t i = 0; i < slot_w; i++) k16[slots[t] * slot_w + i] = v16[slots[t] * slot_w + i] = 0x7fc0;
     float *dfreq = dev(inv_freq, sizeof inv_freq), *qn = NULL, *kn = NULL;
     int32_t *dpos = dev(pos, sizeof pos), *dseq = dev(seq, sizeof seq), *dslots = dev(slots, sizeof slots);
     int32_t *dbt = dev(bt, (size_t)n_seqs * max_blocks * 4);
@@ -1682,6 +1684,7 @@ int main(void) {
     test_rope_kv_attention(3, 32, 8, 128, 1030, 0, 0); /* Llama-3-8B: three sequences, longer context */
     test_rope_kv_attention(2, 8, 2, 64, 40, 24, 1);    /* head dim 64, a window */
     test_rope_kv_attention(1, 16, 1, 128, 7, 0, 0);    /* 16 heads on one KV head, a short context */
+    test_rope_kv_attention(1, 8, 2, 128, 32, 0, 0);    /* the new row first in a warp's tile (the rest masked) */
     int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}, {16, 2}};
     int hds[] = {64, 128, 256};
     for (size_t g = 0; g < 4; g++)

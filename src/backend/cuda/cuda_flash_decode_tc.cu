@@ -216,8 +216,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     /* rope_kv_attention (bf16): the warp's first tile of cached rows loaded
      * into registers before the wait. Rows below p are final (the caller
      * gives each sequence one token, and earlier steps wrote them); the tile
-     * holding p, which this kernel writes, is loaded again after the
-     * prologue. */
+     * holding p, which this kernel writes, takes that row from the copy
+     * the prologue leaves in shared memory (no second round trip). */
     const bool preload = PRE && jt < j1; /* PRE: bf16 rows, rk.on, the row form (launch_tc) */
     raw_tile r0;
     if (preload) load(jt, r0);
@@ -231,6 +231,9 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
     }
     kn_pdl_wait();
+    /* PRE: the new row's K and V as written to the cache (bf16 bits), for the
+     * preloaded tile that holds p */
+    __shared__ uint32_t new_kv[PRE ? 2 : 1][PRE ? HD / 2 : 1];
     if constexpr (!CQ && HD % 64 == 0) /* rope_kv_attention: the query heads into shared memory, rotated */
         if (rk.on) {
             /* heads r < G: query head h0 + r; r == G (the split holding p
@@ -295,10 +298,15 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 #pragma unroll
                 for (int i = 0; i < PER; i++) {
                     const int j = lane + 32 * i;
-                    kc[j] = __bfloat16_as_ushort(__float2bfloat16(d0[i]));
-                    kc[j + HALF] = __bfloat16_as_ushort(__float2bfloat16(d1[i]));
-                    vc[j] = __bfloat16_as_ushort(__float2bfloat16(vv[i]));
-                    vc[j + HALF] = __bfloat16_as_ushort(__float2bfloat16(vv[PER + i]));
+                    const uint16_t k0 = __bfloat16_as_ushort(__float2bfloat16(d0[i]));
+                    const uint16_t k1 = __bfloat16_as_ushort(__float2bfloat16(d1[i]));
+                    const uint16_t v0 = __bfloat16_as_ushort(__float2bfloat16(vv[i]));
+                    const uint16_t v1 = __bfloat16_as_ushort(__float2bfloat16(vv[PER + i]));
+                    kc[j] = k0, kc[j + HALF] = k1, vc[j] = v0, vc[j + HALF] = v1;
+                    if constexpr (PRE) {
+                        uint16_t *sk = (uint16_t *)new_kv[0], *sv = (uint16_t *)new_kv[PRE ? 1 : 0];
+                        sk[j] = k0, sk[j + HALF] = k1, sv[j] = v0, sv[j + HALF] = v1;
+                    }
                 }
             }
             __syncthreads(); /* q in shared memory; the new rows in the L2 for the block's loads (CG) */
@@ -504,7 +512,26 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
      * third tile in flight, 234 registers, measured slower: docs/PERF.md
      * 2026-12-05); a bf16 tile is large enough alone */
     if (preload) {
-        if (jt <= p && p < jt + TC_KEYS) load(jt, r0); /* the row this kernel wrote */
+        if constexpr (PRE && !CQ)
+            if (jt <= p && p < jt + TC_KEYS) { /* the row this kernel wrote: from shared memory, not a reload */
+                /* every register that load() filled from row p, the masked
+                 * lanes' stand-in row jt included (stale bits times a zero
+                 * probability could still be NaN) */
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const int j = jt + nt * 8 + g < j1 ? jt + nt * 8 + g : jt;
+                    if (j == p)
+#pragma unroll
+                        for (int i = 0; i < KW; i++) r0.kw[nt][i] = new_kv[0][tq * QD / 2 + i];
+                }
+#pragma unroll
+                for (int rr = 0; rr < 4; rr++) {
+                    const int jr = jt + 2 * tq + (rr & 1) + (rr >> 1) * 8, j = jr < j1 ? jr : jt;
+                    if (j == p)
+#pragma unroll
+                        for (int i = 0; i < VW; i++) r0.vw[rr][i] = new_kv[PRE ? 1 : 0][g * NT / 2 + i];
+                }
+            }
         step(jt, r0);
         jt += jstep;
     }

@@ -12,16 +12,15 @@
  * where the integer sum is exact and sum x is the float sum of x itself.
  *
  * A persistent grid (as many blocks as fit at once): every block quantizes x
- * into shared memory once (the RMSNorm prologue, when fused, is applied
- * first), then each of its warps (8; the bulk kernel's 16 or 8) streams
- * sets of 2 weight rows: lane j
- * takes 16-byte pieces j, j + 32, ... of both rows (32 4-bit or 16 8-bit
- * codes, always inside one group), U per row per chunk, the next chunk's
- * loads issued before the current chunk is computed. For
- * 4-bit codes the x bytes are stored in the order the nibble split produces
- * (per 8 elements: 0 2 4 6 | 1 3 5 7), so one `and` and one shift per word
- * feed two dp4a. Partial sums meet in a warp reduction; the SwiGLU epilogue
- * pairs gate row n with up row n + N in one warp.
+ * into shared memory once (the RMSNorm prologue, when fused, is applied first),
+ * then each of its warps (8; the bulk kernel's 16 or 8) streams sets of 2
+ * weight rows: lane j takes 16-byte pieces j, j + 32, ... of both rows (32
+ * 4-bit or 16 8-bit codes, always inside one group), U per row per chunk, the
+ * next chunk's loads issued before the current chunk is computed. For 4-bit
+ * codes the x bytes are stored in the order the nibble split produces (per 8
+ * elements: 0 2 4 6 | 1 3 5 7), so one `and` and one shift per word feed two
+ * dp4a. Partial sums meet in a warp reduction; the SwiGLU epilogue pairs gate
+ * row n with up row n + N in one warp.
  *
  * Two kernels stream the weights: k_qgemv_bulk, where the shape allows (every
  * chunk's codes, scales and biases whole 16-byte units), has the copy engine
@@ -107,14 +106,14 @@ __device__ __forceinline__ int code_pos(int e) {
     return (e & 8) + (i & 1) * 4 + (i >> 1);
 }
 
-/* The block quantizes x (M rows; with norm_w: rms_norm(x) * norm_w first)
- * into s (W warps). Thread t takes 16-element chunks t, t + 32 W, ..., QG_XB of them per
- * batch with all their loads issued together (the prologue is a few
+/* The block of W warps quantizes x (M rows; with norm_w: rms_norm(x) * norm_w
+ * first) into s. Thread t takes 16-element chunks t, t + 32 W, ..., QG_XB of
+ * them per batch with all their loads issued together (the prologue is a few
  * dependent L2 round trips, not one per chunk); the gs / 16 chunks of a group
  * sit in adjacent lanes of one warp and share their max by shuffles. Every
- * thread runs the same number of iterations (the shuffles need the whole
- * warp). When x fits one batch, the sums of squares come from the same
- * registers; otherwise a first pass reads x for them. */
+ * thread runs the same number of iterations (the shuffles need the whole warp).
+ * When x fits one batch, the sums of squares come from the same registers;
+ * otherwise a first pass reads x for them. */
 #define QG_XB 2
 template <int M, int W>
 __device__ __forceinline__ void qg_block_rms(float (&ss)[M], int64_t K, float eps, float *inv_rms) {
@@ -762,8 +761,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
  * (k_qgemv runs instead) */
 template <int BITS, int M, int NORM, int EPI, int SB, int MAP, int W>
 static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w, int64_t N, const float *bias,
-                             float *out, int accumulate, const float *norm_w, float eps,
-                             qg_rowmap mp = {NULL, 0, NULL, 0}) {
+                             float *out, int accumulate, const float *norm_w, float eps, qg_rowmap mp) {
     constexpr int E = 128 / BITS, C = QG_RW / (EPI == KN_EPI_SWIGLU ? 2 : 1);
     const int64_t K = MAP == QG_MAP_DOWN ? (int64_t)mp.slots * w->cols : w->cols, gs = w->group_size, G = K / gs;
     constexpr int sbsz = qb_sbsz<SB>();

@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                     const uint16_t v1 = __bfloat16_as_ushort(__float2bfloat16(vv[PER + i]));
                     kc[j] = k0, kc[j + HALF] = k1, vc[j] = v0, vc[j + HALF] = v1;
                     if constexpr (PRE) {
-                        uint16_t *sk = (uint16_t *)new_kv[0], *sv = (uint16_t *)new_kv[PRE ? 1 : 0];
+                        uint16_t *sk = (uint16_t *)new_kv[0], *sv = (uint16_t *)new_kv[1];
                         sk[j] = k0, sk[j + HALF] = k1, sv[j] = v0, sv[j + HALF] = v1;
                     }
                 }
@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                     const int jr = jt + 2 * tq + (rr & 1) + (rr >> 1) * 8, j = jr < j1 ? jr : jt;
                     if (j == p)
 #pragma unroll
-                        for (int i = 0; i < VW; i++) r0.vw[rr][i] = new_kv[PRE ? 1 : 0][g * NT / 2 + i];
+                        for (int i = 0; i < VW; i++) r0.vw[rr][i] = new_kv[1][g * NT / 2 + i];
                 }
             }
         step(jt, r0);

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_qgemv_trace.cuh"
 
 #define QG_WARPS 8
 #define QG_RW 2                 /* weight rows per warp */
@@ -561,6 +562,7 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 struct qb_geom {
     int gc, stages;
     int evict_first; /* the weights' lines first to leave the L2 (they are read once a step) */
+    QT_GEOM_FIELD    /* cmake -DKILN_QGEMV_TRACE=ON builds only */
     int stage_bytes; /* a multiple of 16 */
 };
 __host__ __device__ __forceinline__ int qb_codes_bytes() { return QG_RW * 32 * QB_U * 16; }
@@ -707,6 +709,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
     int64_t total;
     const qg_stream st = qg_stream_of<BITS, C, W>(N, K, gs, SB, QB_U, warp, &total);
     const int S = gm.stages;
+    QT_BEGIN(gm);
 
     uint8_t *base = (uint8_t *)qg_dyn;
     const size_t xbytes = (size_t)M * (size_t)K * 2 + (size_t)M * (size_t)(K / gs) * 4 + (size_t)M * (size_t)(K / 16) * 4;
@@ -738,13 +741,18 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
         pl = qg_next(st, pl);
     }
     float acc[QG_RW][M];
+    QT_MARK(1);
+    QT_WAIT();
+    QT_MARK(2);
     const qg_smem s = qg_begin<BITS, M, NORM, MAP == QG_MAP_DOWN, W>(qg_dyn, x, K, gs, norm_w, eps, acc, mp.wt, mp.inter);
+    QT_MARK(3);
     qg_pos p = {st.set0, 0};
     int stage = 0;
     uint32_t parity = 0;
     for (int64_t f = 0; f < total; f++) {
         uint8_t *buf = bufs + (size_t)stage * gm.stage_bytes;
         mbar_wait(bars + stage, parity);
+        if (f == 0) QT_MARK(4);
         qb_compute<BITS, M, SB, MAP>(st, gm, p, lane, buf, s, (int)K, acc, dsb);
         __syncwarp(); /* every lane is done with the buffer before it is refilled */
         if (f + S < total) {
@@ -755,6 +763,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
         p = qg_next(st, p);
         if (++stage == S) stage = 0, parity ^= 1u;
     }
+    QT_END(gm);
 }
 
 /* 0 when the shape does not suit the bulk-copy kernel with W warps a block
@@ -822,6 +831,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     const int64_t sets = (N + C - 1) / C, want = (sets + W - 1) / W;
     const int64_t resident = (int64_t)per_sm * kn_cuda_sm_count(be);
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
+    QT_SLOT(gm, N, K, BITS, EPI, MAP, NORM, (int)blocks);
     return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP, W>, dim3(blocks), dim3(W * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
                           gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp) == cudaSuccess;

@@ -170,12 +170,18 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         uint16_t ks[2], kz[2], vs[4];
         uint64_t vc[4];
     };
+    /* the rows a lane holds of the tile at jt: key rows jt + g, jt + 8 + g
+     * (its quarter) and value rows jt + 2tq, +1, +8, +9 (dims g NT ..); past
+     * j1: row jt, masked */
+    auto key_row = [&](int jt, int nt) { return jt + nt * 8 + g < j1 ? jt + nt * 8 + g : jt; };
+    auto value_row = [&](int jt, int rr) {
+        const int jr = jt + 2 * tq + (rr & 1) + (rr >> 1) * 8;
+        return jr < j1 ? jr : jt;
+    };
     auto load = [&](int jt, raw_tile &r) {
-        /* loads: key rows jt + g, jt + 8 + g (this lane's quarter) and value
-         * rows jt + 2tq, +1, +8, +9 (dims g NT ..); past j1: row jt, masked */
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            const int j = jt + nt * 8 + g < j1 ? jt + nt * 8 + g : jt;
+            const int j = key_row(jt, nt);
             const uint8_t *p = K + row_of(j) * KB;
             if constexpr (CQ) {
                 const int grp = tq * QD / 32;
@@ -198,8 +204,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
 #pragma unroll
         for (int rr = 0; rr < 4; rr++) {
-            const int jr = jt + 2 * tq + (rr & 1) + (rr >> 1) * 8;
-            const int j = jr < j1 ? jr : jt;
+            const int j = value_row(jt, rr);
             const uint8_t *p = V + row_of(j) * VB;
             if constexpr (CQ) {
                 r.vs[rr] = __ldg((const unsigned short *)p + g * NT / 32);
@@ -514,25 +519,21 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
      * third tile in flight, 234 registers, measured slower: docs/PERF.md
      * 2026-12-05); a bf16 tile is large enough alone */
     if (preload) {
-        if constexpr (PRE && !CQ)
+        if constexpr (PRE)
             if (jt <= p && p < jt + TC_KEYS) { /* the row this kernel wrote: from shared memory, not a reload */
                 /* every register that load() filled from row p, the masked
                  * lanes' stand-in row jt included (stale bits times a zero
                  * probability could still be NaN) */
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    const int j = jt + nt * 8 + g < j1 ? jt + nt * 8 + g : jt;
-                    if (j == p)
+                for (int nt = 0; nt < 2; nt++)
+                    if (key_row(jt, nt) == p)
 #pragma unroll
                         for (int i = 0; i < KW; i++) r0.kw[nt][i] = new_kv[0][tq * QD / 2 + i];
-                }
 #pragma unroll
-                for (int rr = 0; rr < 4; rr++) {
-                    const int jr = jt + 2 * tq + (rr & 1) + (rr >> 1) * 8, j = jr < j1 ? jr : jt;
-                    if (j == p)
+                for (int rr = 0; rr < 4; rr++)
+                    if (value_row(jt, rr) == p)
 #pragma unroll
                         for (int i = 0; i < VW; i++) r0.vw[rr][i] = new_kv[1][g * NT / 2 + i];
-                }
             }
         step(jt, r0);
         jt += jstep;

@@ -31,6 +31,19 @@ enum {
     KN_CUDA_SCRATCH_COUNT
 };
 
+/* A part of a weight that a decode GEMV moves into the L2 for a later
+ * kernel (backend.h prefetch_hint): in each of up to three tensors (codes,
+ * scales, biases), the first take[t] bytes of rows [0, rows) and, when
+ * second >= 0, of rows [second, second + rows), rows row_bytes[t] apart.
+ * after: issued once the GEMV's own reads are done instead of while it waits
+ * for its input. rows 0: nothing. */
+typedef struct {
+    const void *base[3];
+    int64_t row_bytes[3], take[3];
+    int64_t rows, second;
+    int after;
+} kn_cuda_l2_next;
+
 /* The CUDA backend's state (one device, one stream). */
 typedef struct {
     kn_backend base;
@@ -58,6 +71,8 @@ typedef struct {
     /* the first device failure not yet taken (backend.h take_error) */
     cudaError_t dev_err;
     const char *dev_err_what;
+    /* the prefetch the next decode GEMV carries (prefetch_hint), then cleared */
+    kn_cuda_l2_next l2_next;
 } kn_cuda_backend;
 
 /* The stream every op of this backend is enqueued on. */
@@ -340,6 +355,9 @@ int kn_cuda_gemv(kn_backend *be, const float *x, int M, const kn_weight *w, cons
 int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a);
 /* The same for MLX affine 4/8-bit weights (cuda_qgemv.cu): x carried as two
  * int8 terms per group (error <= 1/32512 of the group's max |x|). */
+/* backend.h prefetch_hint (cuda_qgemv.cu): the decode GEMV launched next
+ * moves w's first-read part into the L2 */
+void kn_cuda_prefetch_hint(kn_backend *be, const kn_weight *w, int epi, int when);
 int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                   int accumulate, const float *norm_w, float eps, int epi);
 /* One token's routed-expert gate/up over an MLX 4/8-bit [n_experts * 2 *

@@ -557,6 +557,29 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
     return p;
 }
 
+/* The L2 prefetch a GEMV carries for a later kernel (kn_cuda_l2_next): the
+ * region's rows split into one contiguous run per warp of the grid; lane t
+ * (< 3) prefetches tensor t's part of the warp's run, one copy-engine
+ * prefetch per run where whole rows are taken, else one per row. */
+__device__ __forceinline__ void l2_prefetch(const void *p, int64_t bytes) {
+#if QB_SM90
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((uint32_t)bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void qg_l2_next_issue(const kn_cuda_l2_next &nx, int lane, int64_t gw, int64_t tw) {
+    if (lane >= 3 || !nx.base[lane] || nx.take[lane] <= 0) return;
+    const int64_t per = (nx.rows + tw - 1) / tw, a = gw * per, b = a + per < nx.rows ? a + per : nx.rows;
+    if (a >= b) return;
+    const uint8_t *base = (const uint8_t *)nx.base[lane];
+    const int64_t rb = nx.row_bytes[lane], take = nx.take[lane];
+    for (int half = 0; half < (nx.second >= 0 ? 2 : 1); half++) {
+        const int64_t r0 = (half ? nx.second : 0) + a;
+        if (take == rb) l2_prefetch(base + r0 * rb, (b - a) * rb);
+        else
+            for (int64_t r = 0; r < b - a; r++) l2_prefetch(base + (r0 + r) * rb, take);
+    }
+}
+
 /* Shapes of one warp's stage: codes [QG_RW][32 * QB_U * 16 B], then scales
  * and biases [QG_RW][gc] each (gc groups of a full chunk, qb_sbsz<SB> bytes each). */
 struct qb_geom {
@@ -702,7 +725,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
     k_qgemv_bulk(const float *__restrict__ x, const uint8_t *__restrict__ q, const uint8_t *__restrict__ scales,
                  const uint8_t *__restrict__ biases, qb_geom gm, int64_t N, int64_t K, int gs,
                  const float *__restrict__ bias, float *__restrict__ out, int accumulate,
-                 const float *__restrict__ norm_w, float eps, qg_rowmap mp) {
+                 const float *__restrict__ norm_w, float eps, qg_rowmap mp, kn_cuda_l2_next nx) {
     extern __shared__ float4 qg_dyn[];
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -740,6 +763,8 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
                                         sids);
         pl = qg_next(st, pl);
     }
+    const int64_t gw = (int64_t)blockIdx.x * W + warp, tw = (int64_t)gridDim.x * W;
+    if (nx.rows && !nx.after) qg_l2_next_issue(nx, lane, gw, tw); /* e.g. while the attention before runs */
     float acc[QG_RW][M];
     QT_MARK(1);
     QT_WAIT();
@@ -763,6 +788,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
         p = qg_next(st, p);
         if (++stage == S) stage = 0, parity ^= 1u;
     }
+    if (nx.rows && nx.after) qg_l2_next_issue(nx, lane, gw, tw); /* while the slower warps finish */
     QT_END(gm);
 }
 
@@ -832,9 +858,11 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     const int64_t resident = (int64_t)per_sm * kn_cuda_sm_count(be);
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
     QT_SLOT(gm, N, K, BITS, EPI, MAP, NORM, (int)blocks);
+    kn_cuda_l2_next *hint = &((kn_cuda_backend *)be)->l2_next, nx = *hint; /* the hint is this launch's */
+    hint->rows = 0;
     return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP, W>, dim3(blocks), dim3(W * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
-                          gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp) == cudaSuccess;
+                          gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp, nx) == cudaSuccess;
 }
 
 template <int BITS, int M, int NORM, int EPI, int U>
@@ -968,4 +996,50 @@ int kn_cuda_qgemv_moe_down(kn_backend *be, const float *A, const kn_weight *dn, 
     constexpr int MAP = QG_MAP_DOWN, NO = KN_EPI_NONE;
     return dn->bits == 4 ? launch_qgemv_bulk_sb<4, 1, 0, NO, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp)
                          : launch_qgemv_bulk_sb<8, 1, 0, NO, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp);
+}
+
+/* backend.h prefetch_hint for the decode GEMVs: the part of w its kernel
+ * reads first goes into kn_cuda_backend.l2_next, which the next bulk GEMV
+ * launch carries (and any other matmul drops). Budgets in MiB from
+ * KILN_L2_WAIT_MB (while waiting) and KILN_L2_AFTER_MB (after
+ * the GEMV's own reads), both 0 (off) until measured. A row of one chunk
+ * (Llama-3-8B's gate/up: rows in order of their column sets) gives a prefix
+ * of rows; longer rows (its down projection: every warp starts its sets'
+ * first chunks together) the first bytes of every row. Quantized weights
+ * only. */
+void kn_cuda_prefetch_hint(kn_backend *be, const kn_weight *w, int epi, int when) {
+    kn_cuda_l2_next *nx = &((kn_cuda_backend *)be)->l2_next;
+    nx->rows = 0;
+    static double mib[2] = {-1.0, -1.0};
+    if (mib[0] < 0) {
+        const char *a = getenv("KILN_L2_WAIT_MB"), *b = getenv("KILN_L2_AFTER_MB");
+        mib[0] = a ? atof(a) : 0.0, mib[1] = b ? atof(b) : 0.0;
+    }
+    const double budget = mib[when == KN_PREFETCH_AFTER] * (1 << 20);
+    if (budget < 4096 || !w->bits || !qg_weight_fits(w)) return;
+    const int sbsz = w->sb_dtype == KN_DT_F32 ? 4 : 2, swiglu = epi == KN_EPI_SWIGLU && w->rows % 2 == 0;
+    const int64_t rows = swiglu ? w->rows / 2 : w->rows, halves = swiglu ? 2 : 1;
+    const int64_t rb[3] = {w->cols * w->bits / 8, w->cols / w->group_size * sbsz, w->cols / w->group_size * sbsz};
+    const void *base[3] = {w->data, w->scales, w->biases};
+    if (rb[0] % 16 || ((uintptr_t)w->data & 15)) return;
+    const int sb_ok = rb[1] % 16 == 0 && !((uintptr_t)w->scales & 15) && !((uintptr_t)w->biases & 15);
+    const int64_t all = rb[0] + (sb_ok ? 2 * rb[1] : 0);
+    for (int t = 0; t < 3; t++) nx->base[t] = t == 0 || sb_ok ? base[t] : NULL, nx->row_bytes[t] = rb[t];
+    if (rb[0] <= (int64_t)qb_codes_bytes() / QG_RW) { /* one chunk a row */
+        int64_t r = (int64_t)(budget / (double)(all * halves));
+        if (r > rows) r = rows;
+        if (r < 1) return;
+        for (int t = 0; t < 3; t++) nx->take[t] = rb[t];
+        nx->rows = r;
+    } else { /* the first bytes of every row */
+        int64_t t0 = (int64_t)(budget / (double)(rows * halves) * (double)rb[0] / (double)all) & ~(int64_t)15;
+        if (t0 > rb[0]) t0 = rb[0];
+        if (t0 < 16) return;
+        int64_t t1 = ((t0 * rb[1] / rb[0]) + 15) & ~(int64_t)15;
+        if (t1 > rb[1]) t1 = rb[1];
+        nx->take[0] = t0, nx->take[1] = nx->take[2] = t1;
+        nx->rows = rows;
+    }
+    nx->second = swiglu ? rows : -1;
+    nx->after = when == KN_PREFETCH_AFTER;
 }

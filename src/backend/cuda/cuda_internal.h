@@ -269,6 +269,29 @@ __device__ __forceinline__ void kn_pdl_trigger() {
 #endif
 }
 
+/* The L2 prefetch a GEMV carries for a later kernel (kn_cuda_l2_next): the
+ * region's rows split into one contiguous run per warp of tw warps (gw this
+ * one); lane t (< 3) prefetches tensor t's part of the warp's run, one
+ * copy-engine prefetch per run where whole rows are taken, else one per row. */
+__device__ __forceinline__ void kn_l2_prefetch(const void *p, int64_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((uint32_t)bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void kn_l2_next_issue(const kn_cuda_l2_next &nx, int lane, int64_t gw, int64_t tw) {
+    if (lane >= 3 || !nx.base[lane] || nx.take[lane] <= 0) return;
+    const int64_t per = (nx.rows + tw - 1) / tw, a = gw * per, b = a + per < nx.rows ? a + per : nx.rows;
+    if (a >= b) return;
+    const uint8_t *base = (const uint8_t *)nx.base[lane];
+    const int64_t rb = nx.row_bytes[lane], take = nx.take[lane];
+    for (int half = 0; half < (nx.second >= 0 ? 2 : 1); half++) {
+        const int64_t r0 = (half ? nx.second : 0) + a;
+        if (take == rb) kn_l2_prefetch(base + r0 * rb, (b - a) * rb);
+        else
+            for (int64_t r = 0; r < b - a; r++) kn_l2_prefetch(base + (r0 + r) * rb, take);
+    }
+}
+
 /* 1 unless the environment variable `name` is "0": the kernels' on-by-default
  * switches for A/B runs (read once by each caller, into a static). */
 static inline int kn_cuda_env_on(const char *name) {

@@ -557,29 +557,6 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
     return p;
 }
 
-/* The L2 prefetch a GEMV carries for a later kernel (kn_cuda_l2_next): the
- * region's rows split into one contiguous run per warp of the grid; lane t
- * (< 3) prefetches tensor t's part of the warp's run, one copy-engine
- * prefetch per run where whole rows are taken, else one per row. */
-__device__ __forceinline__ void l2_prefetch(const void *p, int64_t bytes) {
-#if QB_SM90
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((uint32_t)bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void qg_l2_next_issue(const kn_cuda_l2_next &nx, int lane, int64_t gw, int64_t tw) {
-    if (lane >= 3 || !nx.base[lane] || nx.take[lane] <= 0) return;
-    const int64_t per = (nx.rows + tw - 1) / tw, a = gw * per, b = a + per < nx.rows ? a + per : nx.rows;
-    if (a >= b) return;
-    const uint8_t *base = (const uint8_t *)nx.base[lane];
-    const int64_t rb = nx.row_bytes[lane], take = nx.take[lane];
-    for (int half = 0; half < (nx.second >= 0 ? 2 : 1); half++) {
-        const int64_t r0 = (half ? nx.second : 0) + a;
-        if (take == rb) l2_prefetch(base + r0 * rb, (b - a) * rb);
-        else
-            for (int64_t r = 0; r < b - a; r++) l2_prefetch(base + (r0 + r) * rb, take);
-    }
-}
-
 /* Shapes of one warp's stage: codes [QG_RW][32 * QB_U * 16 B], then scales
  * and biases [QG_RW][gc] each (gc groups of a full chunk, qb_sbsz<SB> bytes each). */
 struct qb_geom {
@@ -764,7 +741,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
         pl = qg_next(st, pl);
     }
     const int64_t gw = (int64_t)blockIdx.x * W + warp, tw = (int64_t)gridDim.x * W;
-    if (nx.rows && !nx.after) qg_l2_next_issue(nx, lane, gw, tw); /* e.g. while the attention before runs */
+    if (nx.rows && !nx.after) kn_l2_next_issue(nx, lane, gw, tw); /* e.g. while the attention before runs */
     float acc[QG_RW][M];
     QT_MARK(1);
     QT_WAIT();
@@ -788,7 +765,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
         p = qg_next(st, p);
         if (++stage == S) stage = 0, parity ^= 1u;
     }
-    if (nx.rows && nx.after) qg_l2_next_issue(nx, lane, gw, tw); /* while the slower warps finish */
+    if (nx.rows && nx.after) kn_l2_next_issue(nx, lane, gw, tw); /* while the slower warps finish */
     QT_END(gm);
 }
 
@@ -1005,8 +982,8 @@ int kn_cuda_qgemv_moe_down(kn_backend *be, const float *A, const kn_weight *dn, 
  * the GEMV's own reads), both 0 (off) until measured. A row of one chunk
  * (Llama-3-8B's gate/up: rows in order of their column sets) gives a prefix
  * of rows; longer rows (its down projection: every warp starts its sets'
- * first chunks together) the first bytes of every row. Quantized weights
- * only. */
+ * first chunks together) the first bytes of every row; 16-bit weights a
+ * prefix of rows. */
 void kn_cuda_prefetch_hint(kn_backend *be, const kn_weight *w, int epi, int when) {
     kn_cuda_l2_next *nx = &((kn_cuda_backend *)be)->l2_next;
     nx->rows = 0;
@@ -1016,7 +993,19 @@ void kn_cuda_prefetch_hint(kn_backend *be, const kn_weight *w, int epi, int when
         mib[0] = a ? atof(a) : 0.0, mib[1] = b ? atof(b) : 0.0;
     }
     const double budget = mib[when == KN_PREFETCH_AFTER] * (1 << 20);
-    if (budget < 4096 || !w->bits || !qg_weight_fits(w)) return;
+    if (budget < 4096) return;
+    if (!w->bits) { /* the 16-bit GEMV (cuda_gemv.cu): rows in order, while waiting only */
+        const int64_t halves = epi == KN_EPI_SWIGLU && w->rows % 2 == 0 ? 2 : 1, rows = w->rows / halves;
+        const int64_t rb = w->cols * kn_dtype_size(w->dtype);
+        int64_t r = (int64_t)(budget / (double)(rb * halves));
+        if (r > rows) r = rows;
+        if (when == KN_PREFETCH_AFTER || r < 1 || rb % 16 || ((uintptr_t)w->data & 15)) return;
+        nx->base[0] = w->data, nx->base[1] = nx->base[2] = NULL;
+        nx->row_bytes[0] = nx->take[0] = rb;
+        nx->rows = r, nx->second = halves == 2 ? rows : -1, nx->after = 0;
+        return;
+    }
+    if (!qg_weight_fits(w)) return;
     const int sbsz = w->sb_dtype == KN_DT_F32 ? 4 : 2, swiglu = epi == KN_EPI_SWIGLU && w->rows % 2 == 0;
     const int64_t rows = swiglu ? w->rows / 2 : w->rows, halves = swiglu ? 2 : 1;
     const int64_t rb[3] = {w->cols * w->bits / 8, w->cols / w->group_size * sbsz, w->cols / w->group_size * sbsz};

@@ -688,7 +688,7 @@ static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, co
 }
 /* a prefetch hint (prefetch_hint) belongs to the next matmul only: dropped
  * after it, whether or not its kernel took it */
-static void drop_hint(kn_backend *be) { ((cuda_backend *)be)->l2_next.rows = 0; }
+static void drop_hint(kn_backend *be) { (void)kn_cuda_take_l2_next(be); }
 static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     matmul(be, x, M, w, bias, out, 0);
     drop_hint(be);

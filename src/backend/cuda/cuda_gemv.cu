@@ -232,8 +232,7 @@ static int launch_gemv(kn_backend *be, const float *x, const kn_weight *w, int64
     if (NORM && !kn_cuda_allow_smem(k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, smem, GEMV_MAX_SMEM, &smem_allowed))
         return 0;
     const unsigned blocks = (unsigned)((N + GEMV_COLS(EPI) - 1) / GEMV_COLS(EPI));
-    kn_cuda_l2_next *hint = &((kn_cuda_backend *)be)->l2_next, nx = *hint; /* the hint is this launch's */
-    hint->rows = 0;
+    const kn_cuda_l2_next nx = kn_cuda_take_l2_next(be);
     const int nx_blocks = (int)(blocks < (unsigned)kn_cuda_sm_count(be) ? blocks : (unsigned)kn_cuda_sm_count(be));
     return kn_cuda_launch(be, k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, dim3(blocks), dim3(GEMV_WARPS * 32), smem, x, w->data, N, K,
                           bias, out, accumulate, norm_w, eps, nx, nx_blocks) == cudaSuccess;

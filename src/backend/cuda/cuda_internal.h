@@ -292,6 +292,13 @@ __device__ __forceinline__ void kn_l2_next_issue(const kn_cuda_l2_next &nx, int 
     }
 }
 
+/* the prefetch hint the next decode GEMV launch carries, taken (cleared) */
+static inline kn_cuda_l2_next kn_cuda_take_l2_next(kn_backend *be) {
+    kn_cuda_l2_next *hint = &((kn_cuda_backend *)be)->l2_next, nx = *hint;
+    hint->rows = 0;
+    return nx;
+}
+
 /* 1 unless the environment variable `name` is "0": the kernels' on-by-default
  * switches for A/B runs (read once by each caller, into a static). */
 static inline int kn_cuda_env_on(const char *name) {

@@ -835,8 +835,7 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     const int64_t resident = (int64_t)per_sm * kn_cuda_sm_count(be);
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
     QT_SLOT(gm, N, K, BITS, EPI, MAP, NORM, (int)blocks);
-    kn_cuda_l2_next *hint = &((kn_cuda_backend *)be)->l2_next, nx = *hint; /* the hint is this launch's */
-    hint->rows = 0;
+    const kn_cuda_l2_next nx = kn_cuda_take_l2_next(be);
     return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP, W>, dim3(blocks), dim3(W * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
                           gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp, nx) == cudaSuccess;

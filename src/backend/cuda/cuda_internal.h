@@ -383,11 +383,11 @@ int kn_cuda_gemv(kn_backend *be, const float *x, int M, const kn_weight *w, cons
  * one token, MLX-quantized stacks for any number. Returns 0, having enqueued
  * nothing, where it does not apply. */
 int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a);
-/* The same for MLX affine 4/8-bit weights (cuda_qgemv.cu): x carried as two
- * int8 terms per group (error <= 1/32512 of the group's max |x|). */
 /* backend.h prefetch_hint (cuda_qgemv.cu): the decode GEMV launched next
  * moves w's first-read part into the L2 */
 void kn_cuda_prefetch_hint(kn_backend *be, const kn_weight *w, int epi, int when);
+/* The same for MLX affine 4/8-bit weights (cuda_qgemv.cu): x carried as two
+ * int8 terms per group (error <= 1/32512 of the group's max |x|). */
 int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,
                   int accumulate, const float *norm_w, float eps, int epi);
 /* One token's routed-expert gate/up over an MLX 4/8-bit [n_experts * 2 *

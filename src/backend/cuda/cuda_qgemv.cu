@@ -994,18 +994,19 @@ void kn_cuda_prefetch_hint(kn_backend *be, const kn_weight *w, int epi, int when
     const double budget = mib[when == KN_PREFETCH_AFTER] * (1 << 20);
     if (budget < 4096) return;
     if (!w->bits) { /* the 16-bit GEMV (cuda_gemv.cu): rows in order, while waiting only */
+        if (when == KN_PREFETCH_AFTER) return;
         const int64_t halves = epi == KN_EPI_SWIGLU && w->rows % 2 == 0 ? 2 : 1, rows = w->rows / halves;
         const int64_t rb = w->cols * kn_dtype_size(w->dtype);
         int64_t r = (int64_t)(budget / (double)(rb * halves));
         if (r > rows) r = rows;
-        if (when == KN_PREFETCH_AFTER || r < 1 || rb % 16 || ((uintptr_t)w->data & 15)) return;
+        if (r < 1 || rb % 16 || ((uintptr_t)w->data & 15)) return;
         nx->base[0] = w->data, nx->base[1] = nx->base[2] = NULL;
         nx->row_bytes[0] = nx->take[0] = rb;
         nx->rows = r, nx->second = halves == 2 ? rows : -1, nx->after = 0;
         return;
     }
     if (!qg_weight_fits(w)) return;
-    const int sbsz = w->sb_dtype == KN_DT_F32 ? 4 : 2, swiglu = epi == KN_EPI_SWIGLU && w->rows % 2 == 0;
+    const int sbsz = (int)kn_dtype_size(w->sb_dtype), swiglu = epi == KN_EPI_SWIGLU && w->rows % 2 == 0;
     const int64_t rows = swiglu ? w->rows / 2 : w->rows, halves = swiglu ? 2 : 1;
     const int64_t rb[3] = {w->cols * w->bits / 8, w->cols / w->group_size * sbsz, w->cols / w->group_size * sbsz};
     const void *base[3] = {w->data, w->scales, w->biases};

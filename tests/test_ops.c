@@ -1583,67 +1583,6 @@ static void test_launch_error(void) {
     kn_be_free(be, dq), kn_be_free(be, dkv), kn_be_free(be, dout);
 }
 
-/* backend.h prefetch_hint: the matmul after a hint gives the same bits as
- * without one, and its launch does not fail (the CUDA kernels' copy-engine
- * prefetches need 16-byte aligned ranges inside the weight). Row prefixes
- * (rows of one chunk, gate and up halves) and row heads (long rows), while
- * waiting and after, 4-bit and bf16 weights; budgets forced small (1 MiB) so
- * that the regions end inside the weights. Skipped where there is no hint. */
-static void hinted_matmul_same(const kn_weight *w, int M, int epi, int when, const char *what) {
-    const int N = epi == KN_EPI_SWIGLU ? (int)w->rows / 2 : (int)w->rows, K = (int)w->cols;
-    float *x = malloc((size_t)M * K * 4), *a = malloc((size_t)M * N * 4), *b = malloc((size_t)M * N * 4);
-    fill(x, (int64_t)M * K, 1.0f);
-    float *dx = dev(x, (size_t)M * K * 4), *dout = kn_be_alloc(be, (size_t)M * N * 4);
-    int done = 1;
-    for (int hinted = 0; hinted < 2 && done; hinted++) {
-        if (hinted) be->vt->prefetch_hint(be, w, epi, when);
-        if (epi == KN_EPI_SWIGLU) /* the plain matmul would write 2N columns */
-            done = be->vt->fused_matmul && be->vt->fused_matmul(be, dx, M, NULL, 0.0f, w, NULL, dout, epi);
-        else be->vt->matmul(be, dx, M, w, NULL, dout);
-        back(hinted ? b : a, dout, (size_t)M * N * 4);
-    }
-    kn_error err = {0};
-    CHECK(kn_be_take_error(be, &err) == KN_OK, "prefetch hint %s: %s", what, err.msg);
-    CHECK(!done || memcmp(a, b, (size_t)M * N * 4) == 0, "prefetch hint %s: other results with the hint", what);
-    kn_be_free(be, dx), kn_be_free(be, dout);
-    free(x), free(a), free(b);
-}
-static void test_prefetch_hint(void) {
-    if (!be->vt->prefetch_hint || !be->vt->weight_load_quant) return;
-    setenv("KILN_L2_WAIT_MB", "1", 0), setenv("KILN_L2_AFTER_MB", "1", 0);
-    const struct { int bits, rows, cols; } shapes[] = {{4, 1200, 4096}, {4, 300, 14336}, {8, 256, 2048}, {0, 600, 4096}};
-    for (int i = 0; i < 4; i++) {
-        kn_weight w;
-        kn_error err = {0};
-        double *wd = NULL;
-        float *wf = NULL;
-        void *wraw = NULL;
-        if (shapes[i].bits) {
-            wd = malloc((size_t)shapes[i].rows * shapes[i].cols * sizeof(double));
-            kn_quant_host h;
-            quant_random(shapes[i].bits, 64, shapes[i].rows, shapes[i].cols, KN_DT_BF16, wd, &h);
-            CHECK(kn_be_weight_load_quant(be, &h, &w, &err) == KN_OK, "weight_load_quant: %s", err.msg);
-            quant_host_free(&h);
-        } else {
-            wf = malloc((size_t)shapes[i].rows * shapes[i].cols * 4);
-            wraw = malloc((size_t)shapes[i].rows * shapes[i].cols * 2);
-            random_weight(KN_DT_BF16, shapes[i].rows, shapes[i].cols, wraw, wf);
-            CHECK(kn_be_weight_load(be, KN_DT_BF16, shapes[i].rows, shapes[i].cols, wraw, 0, &w, &err) == KN_OK,
-                  "weight_load: %s", err.msg);
-        }
-        char what[96];
-        for (int epi = 0; epi < 2; epi++)
-            for (int when = 0; when < 2; when++)
-                for (int M = 1; M <= 2; M++) {
-                    snprintf(what, sizeof what, "bits %d %dx%d epi %d when %d M %d", shapes[i].bits, shapes[i].rows,
-                             shapes[i].cols, epi, when, M);
-                    hinted_matmul_same(&w, M, epi ? KN_EPI_SWIGLU : KN_EPI_NONE, when, what);
-                }
-        kn_be_weight_free(be, &w);
-        free(wd), free(wf), free(wraw);
-    }
-}
-
 static void test_attention_dense(int n_q, int n_kv, int n_heads, int hd, int causal, int q_pos0) {
     int D = n_heads * hd;
     int64_t qs = D + 3, ks = 2 * D + 5, vs = D + 1, os = D + 2; /* padded strides */
@@ -1853,7 +1792,6 @@ int main(void) {
     test_attention_dense(3, 20, 3, 40, 1, 5);  /* causal with cache beyond the rows */
     test_attention_dense(2, 1500, 20, 64, 0, 0);
     test_launch_error();
-    test_prefetch_hint();
     /* bf16 caches, last so the random inputs of the checks above stay as
      * they were (CUDA, bf16 compute: the tensor-core decode kernel for
      * groups up to 16 heads, head dims 64/128; others the CUDA-core one) */

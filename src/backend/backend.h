@@ -385,19 +385,7 @@ typedef struct kn_backend_vtbl {
      * found when the stream synchronized) as an error, then forgotten;
      * KN_OK when there was none. Callers ask after a synchronizing call. */
     kn_code (*take_error)(kn_backend *be, kn_error *err);
-    /* optional (NULL: nothing to do): a hint that the matmul enqueued next
-     * is followed, one op or more later, by one over w (read as the epilogue
-     * epi reads it: KN_EPI_SWIGLU takes rows n and n + rows / 2 together).
-     * The backend may have that next matmul move w's first-read part into a
-     * cache where it would otherwise leave memory idle: with
-     * KN_PREFETCH_WHILE_WAITING while it waits for its input (the op before
-     * it, e.g. attention, reads little), with KN_PREFETCH_AFTER once its own
-     * reads are done. Results never change; a hint not taken by the next
-     * matmul is dropped. */
-    void (*prefetch_hint)(kn_backend *be, const kn_weight *w, int epi, int when);
 } kn_backend_vtbl;
-
-enum { KN_PREFETCH_WHILE_WAITING = 0, KN_PREFETCH_AFTER = 1 };
 
 enum { KN_EPI_NONE = 0, KN_EPI_SWIGLU = 1 };
 

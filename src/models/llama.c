@@ -605,23 +605,11 @@ static void project_residual(kn_model *m, const float *in, int n, const kn_weigh
     residual_add(m, m->tmp, post_norm, n);
 }
 
-/* the backend's prefetch hint (backend.h prefetch_hint) for w before the
- * next matmul, where the backend takes hints */
-static void hint_next(kn_model *m, const kn_weight *w, int epi, int when) {
-    if (m->be->vt->prefetch_hint && w && w->data) m->be->vt->prefetch_hint(m->be, w, epi, when);
-}
-/* how the feed-forward's gate/up matmul reads its rows: the SwiGLU epilogue
- * takes gate and up rows together */
-static int gate_up_epi(const kn_model_config *c, const kn_layer *L) {
-    return !L->sparse && c->mlp_gated && c->act == KN_ACT_SILU ? KN_EPI_SWIGLU : KN_EPI_NONE;
-}
-
 /* feed-forward of xn[n, H] into out[n, H] (rms_w: xn is not normalized yet,
  * RMSNorm with that weight comes first); with may_fuse (nothing between
  * it and a plain residual add) the down projection adds into x directly where
  * the backend fuses that, and 1 is returned */
-static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms_w, int n, float *out, int may_fuse,
-               const kn_weight *next_w) {
+static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms_w, int n, float *out, int may_fuse) {
     const kn_model_config *c = &m->cfg;
     kn_backend *be = m->be;
     const kn_backend_vtbl *op = be->vt;
@@ -639,7 +627,6 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms
         op->mlp_swiglu_add(be, xn, n, rms_w, (float)c->rms_norm_eps, &L->gate_up, L->gate_up_bias, &L->down,
                            L->down_bias, m->x))
         return 1;
-    hint_next(m, &L->down, KN_EPI_NONE, KN_PREFETCH_AFTER);
     /* decode: RMSNorm, gate_up and SwiGLU as one kernel where the backend has it */
     if (!(!L->sparse && c->mlp_gated && c->act == KN_ACT_SILU && op->fused_matmul &&
           op->fused_matmul(be, xn, n, rms_w, (float)c->rms_norm_eps, &L->gate_up, L->gate_up_bias, m->act,
@@ -655,7 +642,6 @@ static int mlp(kn_model *m, const kn_layer *L, const float *xn, const float *rms
         else if (c->act == KN_ACT_SILU) op->swiglu(be, m->gu, n, I, m->act);
         else op->geglu(be, m->gu, n, I, m->act, c->act == KN_ACT_GELU_ERF ? KN_GELU_ERF : KN_GELU_TANH);
     }
-    hint_next(m, next_w, KN_EPI_NONE, KN_PREFETCH_AFTER);
     if (may_fuse && op->matmul_add && op->matmul_add(be, m->act, n, &L->down, L->down_bias, m->x)) return 1;
     op->matmul(be, m->act, n, &L->down, L->down_bias, out);
     return 0;
@@ -677,7 +663,7 @@ void kn_dec_ple_inputs(kn_model *m, const float *x, int n) {
 }
 
 int kn_dec_mlp(kn_model *m, const kn_layer *L, const float *xn, int n, float *out, int may_fuse) {
-    return mlp(m, L, xn, NULL, n, out, may_fuse, NULL);
+    return mlp(m, L, xn, NULL, n, out, may_fuse);
 }
 void kn_dec_norm_rows(kn_model *m, const float *x, float *out, int n, const float *w, const float *b) {
     norm_rows(m, x, out, n, w, b);
@@ -807,7 +793,6 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
             op->matmul(be, in, n, &L->qkv, L->qkv_bias, m->qkv);
         }
         kn_dec_attention(m, b, l, NULL); /* m->qkv holds the projection */
-        if (!L->is_moe) hint_next(m, &L->gate_up, gate_up_epi(c, L), KN_PREFETCH_WHILE_WAITING); /* during attention */
         project_residual(m, m->attn, n, &L->o, L->o_bias, L->post_attn_norm);
         /* feed-forward */
         in = m->x;
@@ -818,8 +803,7 @@ static void forward_compute(kn_model *m, const kn_batch *b, float *logits_host) 
             in = m->xn;
         }
         const int may_fuse = !L->post_mlp_norm && c->residual_scale == 1.0 && !(L->is_moe && c->moe_parallel);
-        const kn_weight *next_w = l + 1 < c->n_layers ? &m->layers[l + 1].qkv : &m->lm_head;
-        if (!mlp(m, L, in, mlp_rms, n, m->tmp, may_fuse, next_w)) {
+        if (!mlp(m, L, in, mlp_rms, n, m->tmp, may_fuse)) {
             if (L->is_moe && c->moe_parallel) { /* gemma4: MoE block beside the dense MLP, both on the residual */
                 norm_rows(m, m->tmp, m->tmp, n, L->moe_post_norm1, NULL);
                 kn_moe_gemma4_forward(m, L, m->x, n, m->xn, m->tmp2);

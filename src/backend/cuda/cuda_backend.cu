@@ -686,29 +686,18 @@ static void matmul(kn_backend *be, const float *x, int M, const kn_weight *w, co
         kn_cuda_launched(be, "gemm");
     }
 }
-/* a prefetch hint (prefetch_hint) belongs to the next matmul only: dropped
- * after it, whether or not its kernel took it */
-static void drop_hint(kn_backend *be) { (void)kn_cuda_take_l2_next(be); }
 static void cu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     matmul(be, x, M, w, bias, out, 0);
-    drop_hint(be);
 }
 static int cu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out) {
     matmul(be, x, M, w, bias, out, 1);
-    drop_hint(be);
     return 1;
-}
-static int fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
-                        const float *bias, float *out, int epilogue) {
-    if (w->bits) return kn_cuda_qgemv(be, x, M, w, bias, out, 0, norm_w, eps, epilogue); /* 0: separate ops */
-    if (M > KN_CUDA_GEMV_MAX_M) return kn_cuda_gemm_fused(be, x, M, norm_w, eps, w, bias, out, epilogue);
-    return kn_cuda_gemv(be, x, M, w, bias, out, 0, norm_w, eps, epilogue);
 }
 static int cu_fused_matmul(kn_backend *be, const float *x, int M, const float *norm_w, float eps, const kn_weight *w,
                            const float *bias, float *out, int epilogue) {
-    const int done = fused_matmul(be, x, M, norm_w, eps, w, bias, out, epilogue);
-    if (done) drop_hint(be); /* not done: the caller's separate ops follow, the matmul among them */
-    return done;
+    if (w->bits) return kn_cuda_qgemv(be, x, M, w, bias, out, 0, norm_w, eps, epilogue); /* 0: separate ops */
+    if (M > KN_CUDA_GEMV_MAX_M) return kn_cuda_gemm_fused(be, x, M, norm_w, eps, w, bias, out, epilogue);
+    return kn_cuda_gemv(be, x, M, w, bias, out, 0, norm_w, eps, epilogue);
 }
 static void cu_rope(kn_backend *be, float *x, int64_t stride, int n_tokens, int n_heads, int head_dim,
                     const int32_t *pos, const kn_rope_table *r) {
@@ -869,7 +858,6 @@ static const kn_backend_vtbl cuda_vtbl = {
     kn_cuda_mlp_swiglu_add,    /* cuda_gemm.cu */
     kn_cuda_rope_kv_attention, /* cuda_kv.cu */
     cu_take_error,
-    kn_cuda_prefetch_hint, /* cuda_qgemv.cu */
 };
 
 extern "C" kn_code kn_cuda_backend_create(int n_threads, kn_backend **out, kn_error *err) {

@@ -83,8 +83,7 @@ __device__ __forceinline__ void dot_x(const float *f, const float (*xv)[8], floa
 template <int DT, int M, int NORM, int EPI, int C>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(const float *__restrict__ x, const void *__restrict__ w, int64_t N, int64_t K, const float *__restrict__ bias,
-           float *__restrict__ out, int accumulate, const float *__restrict__ norm_w, float eps, kn_cuda_l2_next nx,
-           int nx_blocks) {
+           float *__restrict__ out, int accumulate, const float *__restrict__ norm_w, float eps) {
     extern __shared__ float4 gemv_smem[];
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1; /* weight rows per output column */
     constexpr int R = C * NR;
@@ -116,8 +115,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < R; r++) raw[u][r] = __ldcs((const uint4 *)(wb + (rowe[r] + k + u * STEP) * esz));
-    if (nx.rows && (int)blockIdx.x < nx_blocks) /* the first wave's blocks, while the kernel before runs */
-        kn_l2_next_issue(nx, lane, (int64_t)blockIdx.x * GEMV_WARPS + warp, (int64_t)nx_blocks * GEMV_WARPS);
     kn_pdl_wait();
 
     const float *xs = (const float *)gemv_smem;
@@ -232,10 +229,8 @@ static int launch_gemv(kn_backend *be, const float *x, const kn_weight *w, int64
     if (NORM && !kn_cuda_allow_smem(k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, smem, GEMV_MAX_SMEM, &smem_allowed))
         return 0;
     const unsigned blocks = (unsigned)((N + GEMV_COLS(EPI) - 1) / GEMV_COLS(EPI));
-    const kn_cuda_l2_next nx = kn_cuda_take_l2_next(be);
-    const int nx_blocks = (int)(blocks < (unsigned)kn_cuda_sm_count(be) ? blocks : (unsigned)kn_cuda_sm_count(be));
     return kn_cuda_launch(be, k_gemv<DT, M, NORM, EPI, GEMV_COLS(EPI)>, dim3(blocks), dim3(GEMV_WARPS * 32), smem, x, w->data, N, K,
-                          bias, out, accumulate, norm_w, eps, nx, nx_blocks) == cudaSuccess;
+                          bias, out, accumulate, norm_w, eps) == cudaSuccess;
 }
 
 template <int DT, int M>

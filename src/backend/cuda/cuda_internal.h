@@ -31,19 +31,6 @@ enum {
     KN_CUDA_SCRATCH_COUNT
 };
 
-/* A part of a weight that a decode GEMV moves into the L2 for a later
- * kernel (backend.h prefetch_hint): in each of up to three tensors (codes,
- * scales, biases), the first take[t] bytes of rows [0, rows) and, when
- * second >= 0, of rows [second, second + rows), rows row_bytes[t] apart.
- * after: issued once the GEMV's own reads are done instead of while it waits
- * for its input. rows 0: nothing. */
-typedef struct {
-    const void *base[3];
-    int64_t row_bytes[3], take[3];
-    int64_t rows, second;
-    int after;
-} kn_cuda_l2_next;
-
 /* The CUDA backend's state (one device, one stream). */
 typedef struct {
     kn_backend base;
@@ -71,8 +58,6 @@ typedef struct {
     /* the first device failure not yet taken (backend.h take_error) */
     cudaError_t dev_err;
     const char *dev_err_what;
-    /* the prefetch the next decode GEMV carries (prefetch_hint), then cleared */
-    kn_cuda_l2_next l2_next;
 } kn_cuda_backend;
 
 /* The stream every op of this backend is enqueued on. */
@@ -269,36 +254,6 @@ __device__ __forceinline__ void kn_pdl_trigger() {
 #endif
 }
 
-/* The L2 prefetch a GEMV carries for a later kernel (kn_cuda_l2_next): the
- * region's rows split into one contiguous run per warp of tw warps (gw this
- * one); lane t (< 3) prefetches tensor t's part of the warp's run, one
- * copy-engine prefetch per run where whole rows are taken, else one per row. */
-__device__ __forceinline__ void kn_l2_prefetch(const void *p, int64_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((uint32_t)bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void kn_l2_next_issue(const kn_cuda_l2_next &nx, int lane, int64_t gw, int64_t tw) {
-    if (lane >= 3 || !nx.base[lane] || nx.take[lane] <= 0) return;
-    const int64_t per = (nx.rows + tw - 1) / tw, a = gw * per, b = a + per < nx.rows ? a + per : nx.rows;
-    if (a >= b) return;
-    const uint8_t *base = (const uint8_t *)nx.base[lane];
-    const int64_t rb = nx.row_bytes[lane], take = nx.take[lane];
-    for (int half = 0; half < (nx.second >= 0 ? 2 : 1); half++) {
-        const int64_t r0 = (half ? nx.second : 0) + a;
-        if (take == rb) kn_l2_prefetch(base + r0 * rb, (b - a) * rb);
-        else
-            for (int64_t r = 0; r < b - a; r++) kn_l2_prefetch(base + (r0 + r) * rb, take);
-    }
-}
-
-/* the prefetch hint the next decode GEMV launch carries, taken (cleared) */
-static inline kn_cuda_l2_next kn_cuda_take_l2_next(kn_backend *be) {
-    kn_cuda_l2_next *hint = &((kn_cuda_backend *)be)->l2_next, nx = *hint;
-    hint->rows = 0;
-    return nx;
-}
-
 /* 1 unless the environment variable `name` is "0": the kernels' on-by-default
  * switches for A/B runs (read once by each caller, into a static). */
 static inline int kn_cuda_env_on(const char *name) {
@@ -383,9 +338,6 @@ int kn_cuda_gemv(kn_backend *be, const float *x, int M, const kn_weight *w, cons
  * one token, MLX-quantized stacks for any number. Returns 0, having enqueued
  * nothing, where it does not apply. */
 int kn_cuda_moe_decode(kn_backend *be, const kn_moe_args *a);
-/* backend.h prefetch_hint (cuda_qgemv.cu): the decode GEMV launched next
- * moves w's first-read part into the L2 */
-void kn_cuda_prefetch_hint(kn_backend *be, const kn_weight *w, int epi, int when);
 /* The same for MLX affine 4/8-bit weights (cuda_qgemv.cu): x carried as two
  * int8 terms per group (error <= 1/32512 of the group's max |x|). */
 int kn_cuda_qgemv(kn_backend *be, const float *x, int M, const kn_weight *w, const float *bias, float *out,

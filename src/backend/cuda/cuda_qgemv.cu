@@ -702,7 +702,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
     k_qgemv_bulk(const float *__restrict__ x, const uint8_t *__restrict__ q, const uint8_t *__restrict__ scales,
                  const uint8_t *__restrict__ biases, qb_geom gm, int64_t N, int64_t K, int gs,
                  const float *__restrict__ bias, float *__restrict__ out, int accumulate,
-                 const float *__restrict__ norm_w, float eps, qg_rowmap mp, kn_cuda_l2_next nx) {
+                 const float *__restrict__ norm_w, float eps, qg_rowmap mp) {
     extern __shared__ float4 qg_dyn[];
     constexpr int NR = EPI == KN_EPI_SWIGLU ? 2 : 1, C = QG_RW / NR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -740,8 +740,6 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
                                         sids);
         pl = qg_next(st, pl);
     }
-    const int64_t gw = (int64_t)blockIdx.x * W + warp, tw = (int64_t)gridDim.x * W;
-    if (nx.rows && !nx.after) kn_l2_next_issue(nx, lane, gw, tw); /* e.g. while the attention before runs */
     float acc[QG_RW][M];
     QT_MARK(1);
     QT_WAIT();
@@ -765,7 +763,6 @@ __global__ void __launch_bounds__(W * 32, 16 / W) /* 16 warps per SM: at most 12
         p = qg_next(st, p);
         if (++stage == S) stage = 0, parity ^= 1u;
     }
-    if (nx.rows && nx.after) kn_l2_next_issue(nx, lane, gw, tw); /* while the slower warps finish */
     QT_END(gm);
 }
 
@@ -835,10 +832,9 @@ static int launch_qgemv_bulk(kn_backend *be, const float *x, const kn_weight *w,
     const int64_t resident = (int64_t)per_sm * kn_cuda_sm_count(be);
     const unsigned blocks = (unsigned)(want < resident ? want : resident);
     QT_SLOT(gm, N, K, BITS, EPI, MAP, NORM, (int)blocks);
-    const kn_cuda_l2_next nx = kn_cuda_take_l2_next(be);
     return kn_cuda_launch(be, k_qgemv_bulk<BITS, M, NORM, EPI, SB, MAP, W>, dim3(blocks), dim3(W * 32), smem, x,
                           (const uint8_t *)w->data, (const uint8_t *)w->scales, (const uint8_t *)w->biases,
-                          gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp, nx) == cudaSuccess;
+                          gm, N, K, (int)gs, bias, out, accumulate, norm_w, eps, mp) == cudaSuccess;
 }
 
 template <int BITS, int M, int NORM, int EPI, int U>
@@ -972,63 +968,4 @@ int kn_cuda_qgemv_moe_down(kn_backend *be, const float *A, const kn_weight *dn, 
     constexpr int MAP = QG_MAP_DOWN, NO = KN_EPI_NONE;
     return dn->bits == 4 ? launch_qgemv_bulk_sb<4, 1, 0, NO, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp)
                          : launch_qgemv_bulk_sb<8, 1, 0, NO, MAP>(be, A, dn, dim, NULL, out, accumulate, NULL, 0.0f, mp);
-}
-
-/* backend.h prefetch_hint for the decode GEMVs: the part of w its kernel
- * reads first goes into kn_cuda_backend.l2_next, which the next bulk GEMV
- * launch carries (and any other matmul drops). Budgets in MiB from
- * KILN_L2_WAIT_MB (while waiting) and KILN_L2_AFTER_MB (after
- * the GEMV's own reads), both 0 (off) until measured. A row of one chunk
- * (Llama-3-8B's gate/up: rows in order of their column sets) gives a prefix
- * of rows; longer rows (its down projection: every warp starts its sets'
- * first chunks together) the first bytes of every row; 16-bit weights a
- * prefix of rows. */
-void kn_cuda_prefetch_hint(kn_backend *be, const kn_weight *w, int epi, int when) {
-    kn_cuda_l2_next *nx = &((kn_cuda_backend *)be)->l2_next;
-    nx->rows = 0;
-    static double mib[2] = {-1.0, -1.0};
-    if (mib[0] < 0) {
-        const char *a = getenv("KILN_L2_WAIT_MB"), *b = getenv("KILN_L2_AFTER_MB");
-        mib[0] = a ? atof(a) : 0.0, mib[1] = b ? atof(b) : 0.0;
-    }
-    const double budget = mib[when == KN_PREFETCH_AFTER] * (1 << 20);
-    if (budget < 4096) return;
-    if (!w->bits) { /* the 16-bit GEMV (cuda_gemv.cu): rows in order, while waiting only */
-        if (when == KN_PREFETCH_AFTER) return;
-        const int64_t halves = epi == KN_EPI_SWIGLU && w->rows % 2 == 0 ? 2 : 1, rows = w->rows / halves;
-        const int64_t rb = w->cols * kn_dtype_size(w->dtype);
-        int64_t r = (int64_t)(budget / (double)(rb * halves));
-        if (r > rows) r = rows;
-        if (r < 1 || rb % 16 || ((uintptr_t)w->data & 15)) return;
-        nx->base[0] = w->data, nx->base[1] = nx->base[2] = NULL;
-        nx->row_bytes[0] = nx->take[0] = rb;
-        nx->rows = r, nx->second = halves == 2 ? rows : -1, nx->after = 0;
-        return;
-    }
-    if (!qg_weight_fits(w)) return;
-    const int sbsz = (int)kn_dtype_size(w->sb_dtype), swiglu = epi == KN_EPI_SWIGLU && w->rows % 2 == 0;
-    const int64_t rows = swiglu ? w->rows / 2 : w->rows, halves = swiglu ? 2 : 1;
-    const int64_t rb[3] = {w->cols * w->bits / 8, w->cols / w->group_size * sbsz, w->cols / w->group_size * sbsz};
-    const void *base[3] = {w->data, w->scales, w->biases};
-    if (rb[0] % 16 || ((uintptr_t)w->data & 15)) return;
-    const int sb_ok = rb[1] % 16 == 0 && !((uintptr_t)w->scales & 15) && !((uintptr_t)w->biases & 15);
-    const int64_t all = rb[0] + (sb_ok ? 2 * rb[1] : 0);
-    for (int t = 0; t < 3; t++) nx->base[t] = t == 0 || sb_ok ? base[t] : NULL, nx->row_bytes[t] = rb[t];
-    if (rb[0] <= (int64_t)qb_codes_bytes() / QG_RW) { /* one chunk a row */
-        int64_t r = (int64_t)(budget / (double)(all * halves));
-        if (r > rows) r = rows;
-        if (r < 1) return;
-        for (int t = 0; t < 3; t++) nx->take[t] = rb[t];
-        nx->rows = r;
-    } else { /* the first bytes of every row */
-        int64_t t0 = (int64_t)(budget / (double)(rows * halves) * (double)rb[0] / (double)all) & ~(int64_t)15;
-        if (t0 > rb[0]) t0 = rb[0];
-        if (t0 < 16) return;
-        int64_t t1 = ((t0 * rb[1] / rb[0]) + 15) & ~(int64_t)15;
-        if (t1 > rb[1]) t1 = rb[1];
-        nx->take[0] = t0, nx->take[1] = nx->take[2] = t1;
-        nx->rows = rows;
-    }
-    nx->second = swiglu ? rows : -1;
-    nx->after = when == KN_PREFETCH_AFTER;
 }

@@ -38,12 +38,17 @@ typedef struct {
     float *gu; /* fused_matmul's SwiGLU: the gate/up rows, grown on demand */
     size_t gu_floats;
     int64_t attn_scratch_len;
+    kn_cpu_pool *pool; /* the decode sections' threads (NULL: OpenMP's) */
     /* cpu_rope's angles of the last position it rotated (rope_half 0: none yet) */
     int rope_pos, rope_half;
     float rope_scale, rope_freq[512], rope_cs[512], rope_sn[512];
 } cpu_backend;
 
 static cpu_backend *cpu(kn_backend *be) { return (cpu_backend *)be; }
+
+/* The threads for a section over `rows` rows: the pool for batch-1 decode
+ * (and the read probe), OpenMP's (NULL) for everything else (cpu_pool.h). */
+static kn_cpu_pool *decode_pool(kn_backend *be, int rows) { return rows == 1 ? cpu(be)->pool : NULL; }
 
 static void *cpu_alloc(kn_backend *be, size_t bytes) {
     (void)be;
@@ -65,6 +70,7 @@ static void cpu_destroy(kn_backend *be) {
     kn_host_free(c->xround);
     kn_host_free(c->xnorm);
     kn_host_free(c->gu);
+    kn_cpu_pool_destroy(c->pool);
     free(c);
 }
 
@@ -237,7 +243,7 @@ static void cpu_matmul(kn_backend *be, const float *x, int M, const kn_weight *w
     kn_gemv_job job;
     if (gemv_prepare(c, x, M, w, &job)) {
         job.bias = bias, job.out = out;
-        kn_cpu_gemv_stream(be->n_threads, &job);
+        kn_cpu_gemv_stream(decode_pool(be, M), be->n_threads, &job);
         return;
     }
     if (w->bits) {
@@ -257,7 +263,7 @@ static int cpu_matmul_add(kn_backend *be, const float *x, int M, const kn_weight
     if (M < 1) return 1;
     if (!gemv_prepare(cpu(be), x, M, w, &job)) return 0;
     job.bias = bias, job.out = out, job.accumulate = 1;
-    kn_cpu_gemv_stream(be->n_threads, &job);
+    kn_cpu_gemv_stream(decode_pool(be, M), be->n_threads, &job);
     return 1;
 }
 
@@ -291,7 +297,7 @@ static int cpu_fused_matmul(kn_backend *be, const float *x, int M, const float *
     if (!gemv_prepare(c, x, M, w, &job)) return 0;
     job.bias = bias, job.out = out;
     if (epilogue == KN_EPI_SWIGLU) job.gu = c->gu;
-    kn_cpu_gemv_stream(be->n_threads, &job);
+    kn_cpu_gemv_stream(decode_pool(be, M), be->n_threads, &job);
     return 1;
 }
 
@@ -433,7 +439,7 @@ static void cpu_attention(kn_backend *be, const kn_attention_args *a) {
     cpu_backend *c = cpu(be);
     const kn_kv_layer *kv = a->kv;
     if (kv->k_fmt != KN_KVF_F32 || kv->v_fmt != KN_KVF_F32) {
-        kn_cpu_attention_kv(be, c->k, a, c->attn_scratch, c->attn_scratch_len);
+        kn_cpu_attention_kv(be, decode_pool(be, a->n_tokens), c->k, a, c->attn_scratch, c->attn_scratch_len);
         return;
     }
     const float *kv_k = kv->k, *kv_v = kv->v;
@@ -579,29 +585,54 @@ static double seconds_now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+typedef struct {
+    const kn_cpu_kernels *k;
+    char *buf;
+    size_t share;
+    int n_shares;
+    int fill;      /* 1: write the pages (first touch), 0: read them */
+    uint64_t *acc; /* [n_shares]: the sums, kept so that the reads stay */
+} probe_job;
+
+/* shares t, t + team, ... (one each when the team is as large as asked) */
+static void probe_part(void *arg, int t, int team) {
+    probe_job *j = arg;
+    for (int s = t; s < j->n_shares; s += team) {
+        char *p = j->buf + (size_t)s * j->share;
+        if (j->fill)
+            for (size_t i = 0; i < j->share; i += 4096) memset(p + i, (int)(i >> 12), 4096);
+        else j->acc[s] = j->k->read_sum(p, j->share);
+    }
+}
+
 /* Best of 7 passes of a parallel read over 1 GiB (far beyond the caches),
- * each thread streaming its own contiguous share like the gemv kernels do. */
+ * each thread streaming its own contiguous share like the gemv kernels do,
+ * on the threads the decode GEMVs run on. */
 static double cpu_read_bandwidth(kn_backend *be) {
     const size_t bytes = (size_t)1 << 30;
     const int nt = be->n_threads;
-    const size_t share = (bytes / (size_t)nt) & ~(size_t)127;
-    char *buf = cpu_alloc(be, bytes);
-    if (!buf) return 0.0;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (size_t i = 0; i < bytes; i += 4096) memset(buf + i, (int)(i >> 12), 4096);
+    probe_job j = {.k = cpu(be)->k, .share = (bytes / (size_t)nt) & ~(size_t)4095, .n_shares = nt, .fill = 1};
+    j.buf = cpu_alloc(be, bytes);
+    j.acc = calloc((size_t)nt, sizeof *j.acc);
+    if (!j.buf || !j.acc) {
+        cpu_free(be, j.buf);
+        free(j.acc);
+        return 0.0;
+    }
+    kn_cpu_pool_run(cpu(be)->pool, nt, probe_part, &j);
+    j.fill = 0;
     double best = 0.0;
     volatile uint64_t sink = 0;
     for (int rep = 0; rep < 7; rep++) {
-        uint64_t acc = 0;
         double t0 = seconds_now();
-#pragma omp parallel num_threads(nt) reduction(^ : acc)
-        acc ^= cpu(be)->k->read_sum(buf + (size_t)omp_get_thread_num() * share, share);
+        kn_cpu_pool_run(cpu(be)->pool, nt, probe_part, &j);
         double dt = seconds_now() - t0;
-        sink ^= acc;
-        if (share * nt / dt > best) best = share * nt / dt;
+        for (int t = 0; t < nt; t++) sink ^= j.acc[t];
+        if (j.share * nt / dt > best) best = j.share * nt / dt;
     }
     (void)sink;
-    cpu_free(be, buf);
+    cpu_free(be, j.buf);
+    free(j.acc);
     return best;
 }
 
@@ -691,6 +722,8 @@ kn_code kn_cpu_backend_create(int n_threads, kn_backend **out, kn_error *err) {
     c->base.moe_quantized_experts = 1; /* kn_cpu_moe_ffn: per-expert row views through matmul */
     if (c->k->qgemv) c->base.quant_x_rel_error = 1.0 / 32512; /* the VNNI or AVX2 integer GEMV (and VNNI GEMM) */
     c->attn_scratch_len = KN_CPU_MAX_CONTEXT;
+    const char *pe = getenv("KILN_CPU_POOL"); /* 0: the decode sections on OpenMP too (A/B measurement) */
+    if (!(pe && strcmp(pe, "0") == 0)) c->pool = kn_cpu_pool_create(c->base.n_threads);
     c->gemm_scratch = cpu_alloc(&c->base, (size_t)c->base.n_threads * KN_GEMM_SCRATCH * sizeof(float));
     /* calloc-free: pages are touched only as far as contexts actually reach */
     c->attn_scratch = cpu_alloc(&c->base, (size_t)c->base.n_threads * (size_t)c->attn_scratch_len * sizeof(float));

@@ -3,7 +3,6 @@
 #include "backend/cpu/cpu_stream.h"
 
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 #include <stdatomic.h>
 
@@ -41,7 +40,33 @@ static int64_t claim(stream_range *r, int from_back, uint32_t *count) {
     }
 }
 
-void kn_cpu_stream_rows(int n_threads, int64_t n_rows, int64_t row_bytes, kn_stream_fn fn, void *ctx) {
+typedef struct {
+    stream_range *range;
+    int nt;
+    int64_t rows, n_rows;
+    kn_stream_fn fn;
+    void *ctx;
+} stream_job;
+
+static void stream_part(void *arg, int t, int team) {
+    const stream_job *s = arg;
+    const int nt = s->nt;
+    /* a smaller team than asked for still covers every range by stealing */
+    const int me = t % nt;
+    (void)team;
+    for (int k = 0; k < nt; k++) { /* own range first, then the others' backs */
+        stream_range *r = &s->range[(me + k) % nt];
+        int64_t ch;
+        uint32_t cnt;
+        while ((ch = claim(r, k > 0, &cnt)) >= 0) {
+            const int64_t n0 = ch * s->rows, n1 = n0 + cnt * s->rows < s->n_rows ? n0 + cnt * s->rows : s->n_rows;
+            s->fn(s->ctx, n0, n1);
+        }
+    }
+}
+
+void kn_cpu_stream_rows(kn_cpu_pool *pool, int n_threads, int64_t n_rows, int64_t row_bytes, kn_stream_fn fn,
+                        void *ctx) {
     if (n_rows <= 0) return;
     int64_t rows = row_bytes > 0 ? KN_STREAM_CHUNK_BYTES / row_bytes : n_rows;
     rows = rows < 2 ? 2 : rows & ~(int64_t)1;
@@ -52,20 +77,8 @@ void kn_cpu_stream_rows(int n_threads, int64_t n_rows, int64_t row_bytes, kn_str
     stream_range range[STREAM_MAX_RANGES];
     for (int t = 0; t < nt; t++)
         atomic_init(&range[t].fb, (uint64_t)(n_chunks * t / nt) | (uint64_t)(n_chunks * (t + 1) / nt) << 32);
-#pragma omp parallel num_threads(nt)
-    {
-        /* a smaller team than asked for still covers every range by stealing */
-        const int me = omp_get_thread_num() % nt;
-        for (int k = 0; k < nt; k++) { /* own range first, then the others' backs */
-            stream_range *r = &range[(me + k) % nt];
-            int64_t ch;
-            uint32_t cnt;
-            while ((ch = claim(r, k > 0, &cnt)) >= 0) {
-                const int64_t n0 = ch * rows, n1 = n0 + cnt * rows < n_rows ? n0 + cnt * rows : n_rows;
-                fn(ctx, n0, n1);
-            }
-        }
-    }
+    stream_job job = {range, nt, rows, n_rows, fn, ctx};
+    kn_cpu_pool_run(pool, nt, stream_part, &job);
 }
 
 static void gemv_kernel(const kn_gemv_job *j, float *out, int64_t n0, int64_t n1) {
@@ -111,10 +124,10 @@ static void gemv_swiglu_rows(void *ctx, int64_t n0, int64_t n1) {
         kn_cpu_silu_mul(j->k, j->out + m * H + n0, j->gu + m * R + n0, j->gu + m * R + H + n0, (int)(n1 - n0));
 }
 
-void kn_cpu_gemv_stream(int n_threads, const kn_gemv_job *job) {
+void kn_cpu_gemv_stream(kn_cpu_pool *pool, int n_threads, const kn_gemv_job *job) {
     const int64_t n = job->w->rows, row_bytes = n ? kn_weight_bytes(job->w) / n : 0;
-    if (job->gu) kn_cpu_stream_rows(n_threads, n / 2, 2 * row_bytes, gemv_swiglu_rows, (void *)job);
-    else kn_cpu_stream_rows(n_threads, n, row_bytes, gemv_rows, (void *)job);
+    if (job->gu) kn_cpu_stream_rows(pool, n_threads, n / 2, 2 * row_bytes, gemv_swiglu_rows, (void *)job);
+    else kn_cpu_stream_rows(pool, n_threads, n, row_bytes, gemv_rows, (void *)job);
 }
 
 void kn_cpu_silu_mul(const kn_cpu_kernels *k, float *o, const float *g, const float *u, int n) {

@@ -19,13 +19,16 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_pool.h"
 
 #define KN_STREAM_CHUNK_BYTES (128 << 10)
 
 /* fn(ctx, n0, n1) for every row range of [0, n_rows), on up to n_threads
- * threads; each range holds an even number of rows unless it ends at n_rows. */
+ * threads of pool (NULL: OpenMP's); each range holds an even number of rows
+ * unless it ends at n_rows. */
 typedef void (*kn_stream_fn)(void *ctx, int64_t n0, int64_t n1);
-void kn_cpu_stream_rows(int n_threads, int64_t n_rows, int64_t row_bytes, kn_stream_fn fn, void *ctx);
+void kn_cpu_stream_rows(kn_cpu_pool *pool, int n_threads, int64_t n_rows, int64_t row_bytes, kn_stream_fn fn,
+                        void *ctx);
 
 /* A decode GEMV over every row of w, split as above. Exactly one input is
  * set: x (f32, k->gemv), xb (x rounded to bf16, k->gemv_bf16) or prep
@@ -47,7 +50,7 @@ typedef struct {
     int accumulate;
     float *gu;
 } kn_gemv_job;
-void kn_cpu_gemv_stream(int n_threads, const kn_gemv_job *job);
+void kn_cpu_gemv_stream(kn_cpu_pool *pool, int n_threads, const kn_gemv_job *job);
 
 /* o[j] = silu(g[j]) * u[j] for j < n (k->silu_mul where the kernel set has
  * it); each element's result does not depend on n or its position. */

@@ -13,7 +13,14 @@
  * there are any. The caller runs thread 0 of each job itself. One job runs
  * at a time: a call made while another is in progress (a nested call, or a
  * second thread using the same backend) runs the job through OpenMP
- * instead, so callers never deadlock and never need to know. */
+ * instead, so callers never deadlock and never need to know.
+ *
+ * The CPU backend uses it for batch-1 decode sections and the read probe
+ * only; everything else stays on OpenMP. Two teams spinning on the same
+ * cores hold each other up (libgomp's idle workers spin for milliseconds):
+ * the 128-token prefill's attention, put on the pool between OpenMP GEMMs,
+ * ran 2x slower. Between a prefill and the decode after it the two meet
+ * once, for the OpenMP workers' spin time. */
 #ifndef KN_CPU_POOL_H
 #define KN_CPU_POOL_H
 

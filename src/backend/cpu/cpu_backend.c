@@ -144,17 +144,23 @@ static void cpu_embed(kn_backend *be, const kn_weight *t, const int32_t *ids, in
 }
 
 /* One RMSNorm group: oi = w * xi / sqrt(mean(xi^2) + eps), the sum of
- * squares in double over four interleaved chains (not one serial chain). */
-static void rms_norm_row(const float *xi, float *oi, int dim, const float *w, float eps) {
-    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-    int j = 0;
-    for (; j + 4 <= dim; j += 4) {
-        s0 += (double)xi[j] * xi[j], s1 += (double)xi[j + 1] * xi[j + 1];
-        s2 += (double)xi[j + 2] * xi[j + 2], s3 += (double)xi[j + 3] * xi[j + 3];
+ * squares in double (k->sum_squares, else over four interleaved chains, not
+ * one serial chain). */
+static void rms_norm_row(const kn_cpu_kernels *k, const float *xi, float *oi, int dim, const float *w, float eps) {
+    double s = 0.0;
+    if (k->sum_squares) s = k->sum_squares(xi, dim);
+    else {
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+        int j = 0;
+        for (; j + 4 <= dim; j += 4) {
+            s0 += (double)xi[j] * xi[j], s1 += (double)xi[j + 1] * xi[j + 1];
+            s2 += (double)xi[j + 2] * xi[j + 2], s3 += (double)xi[j + 3] * xi[j + 3];
+        }
+        for (; j < dim; j++) s0 += (double)xi[j] * xi[j];
+        s = (s0 + s1) + (s2 + s3);
     }
-    for (; j < dim; j++) s0 += (double)xi[j] * xi[j];
-    const float inv = 1.0f / sqrtf((float)(((s0 + s1) + (s2 + s3)) / dim) + eps);
-    for (j = 0; j < dim; j++) oi[j] = w[j] * (xi[j] * inv);
+    const float inv = 1.0f / sqrtf((float)(s / dim) + eps);
+    for (int j = 0; j < dim; j++) oi[j] = w[j] * (xi[j] * inv);
 }
 
 /* Decode-sized ops run on the calling thread: an OpenMP region costs
@@ -166,13 +172,13 @@ static void cpu_rms_norm(kn_backend *be, const float *x, int64_t x_stride, float
     const int n = rows * groups;
     if ((int64_t)n * dim <= CPU_SMALL_OP) {
         for (int i = 0; i < n; i++)
-            rms_norm_row(x + (i / groups) * x_stride + (int64_t)(i % groups) * dim,
+            rms_norm_row(cpu(be)->k, x + (i / groups) * x_stride + (int64_t)(i % groups) * dim,
                          out + (i / groups) * out_stride + (int64_t)(i % groups) * dim, dim, w, eps);
         return;
     }
 #pragma omp parallel for num_threads(be->n_threads) schedule(static)
     for (int i = 0; i < n; i++)
-        rms_norm_row(x + (i / groups) * x_stride + (int64_t)(i % groups) * dim,
+        rms_norm_row(cpu(be)->k, x + (i / groups) * x_stride + (int64_t)(i % groups) * dim,
                      out + (i / groups) * out_stride + (int64_t)(i % groups) * dim, dim, w, eps);
 }
 
@@ -227,7 +233,9 @@ static int gemv_prepare(cpu_backend *c, const float *x, int M, const kn_weight *
     if (rounds_x(c, M, w)) {
         uint16_t *xb = w->dtype == KN_DT_BF16 && c->k->gemv_bf16 ? grow_xround(c, (size_t)M * (size_t)w->cols) : NULL;
         if (xb) {
-            for (size_t i = 0; i < (size_t)M * (size_t)w->cols; i++) xb[i] = kn_f32_to_bf16(x[i]);
+            if (c->k->round_bf16) c->k->round_bf16(x, (int64_t)M * w->cols, xb);
+            else
+                for (size_t i = 0; i < (size_t)M * (size_t)w->cols; i++) xb[i] = kn_f32_to_bf16(x[i]);
             job->xb = xb;
             return 1;
         }
@@ -284,7 +292,7 @@ static int cpu_fused_matmul(kn_backend *be, const float *x, int M, const float *
             kn_host_free(c->xnorm);
             c->xnorm = p, c->xnorm_floats = (size_t)M * (size_t)K;
         }
-        for (int m = 0; m < M; m++) rms_norm_row(x + m * K, c->xnorm + m * K, (int)K, norm_w, eps);
+        for (int m = 0; m < M; m++) rms_norm_row(c->k, x + m * K, c->xnorm + m * K, (int)K, norm_w, eps);
         x = c->xnorm;
     }
     if (epilogue == KN_EPI_SWIGLU && (size_t)M * (size_t)N > c->gu_floats) {

@@ -78,6 +78,13 @@ typedef struct {
                           int64_t ld);
     void (*axpy_rows_bf16)(float *acc, int ng, int D, const uint8_t *rows, int64_t stride, int n, const float *w,
                            int64_t ld);
+    /* Optional (NULL: scalar loops), the decode GEMVs' x preparation on the
+     * calling thread. round_bf16: out[i] = kn_f32_to_bf16(x[i]), the same
+     * bits (round to nearest even, NaN quieted, subnormals rounded, not
+     * flushed); sum_squares: the sum of x[i]^2 in double (each square exact;
+     * the order of the additions is the kernel's). */
+    void (*round_bf16)(const float *x, int64_t n, uint16_t *out);
+    double (*sum_squares)(const float *x, int n);
 } kn_cpu_kernels;
 
 /* Room for qgemv_prep's output, per row of x: at most 3 bytes per element of

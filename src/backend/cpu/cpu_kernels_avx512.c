@@ -732,6 +732,43 @@ static void silu_mul_avx512(float *o, const float *g, const float *u, int n) {
     }
 }
 
+/* ---- the decode GEMVs' x preparation --------------------------------------- */
+
+/* kn_f32_to_bf16 on 16 lanes, in integers (vcvtneps2bf16 would flush
+ * subnormals to zero): u + 0x7fff + bit 16 of u, the high half; NaN: the
+ * high half with the quiet bit set */
+static void round_bf16_avx512(const float *x, int64_t n, uint16_t *out) {
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i > 16 ? 16 : (int)(n - i));
+        const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+        const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(hi, one)), 16);
+        const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        const __m512i w = _mm512_mask_or_epi32(r, nan, hi, quiet);
+        _mm256_mask_storeu_epi16(out + i, k, _mm512_cvtepi32_epi16(w));
+    }
+}
+
+/* the sum of squares in double, four chains of eight */
+static double sum_squares_avx512(const float *x, int n) {
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), b = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        const __m512d c = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 16)), d = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 24));
+        s0 = _mm512_fmadd_pd(a, a, s0), s1 = _mm512_fmadd_pd(b, b, s1);
+        s2 = _mm512_fmadd_pd(c, c, s2), s3 = _mm512_fmadd_pd(d, d, s3);
+    }
+    for (; i < n; i += 8) {
+        const __mmask8 k = (__mmask8)(n - i >= 8 ? 0xff : (1u << (n - i)) - 1);
+        const __m512d a = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, x + i));
+        s0 = _mm512_fmadd_pd(a, a, s0);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(s0, s1), _mm512_add_pd(s2, s3)));
+}
+
 /* ---- the kernel set ------------------------------------------------------ */
 
 static kn_cpu_kernels avx512_set;
@@ -757,6 +794,8 @@ static void avx512_init(void) {
     avx512_set.silu_mul = silu_mul_avx512;
     avx512_set.dot_rows_bf16 = dot_rows_bf16_avx512;
     avx512_set.axpy_rows_bf16 = axpy_rows_bf16_avx512;
+    avx512_set.round_bf16 = round_bf16_avx512;
+    avx512_set.sum_squares = sum_squares_avx512;
     avx512_set.qgemm = qgemm_avx512;
     if (__builtin_cpu_supports("avx512vnni")) { /* the integer prefill GEMM over the codes */
         avx512_set.qgemm_tile_rows = kn_qgemm_vnni_tile_rows;

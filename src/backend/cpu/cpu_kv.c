@@ -136,8 +136,12 @@ typedef struct {
     _Alignas(64) _Atomic int next; /* the next task to claim */
 } attn_job;
 
+/* A thread's task buffers for VG query vectors of D: qr [VG][D], acc
+ * [VG][D], row [D], mx [VG], inv [VG] (sliced in attend_task) */
+static size_t attn_buf_floats(int VG, int D) { return (size_t)2 * VG * D + D + 2 * (size_t)VG; }
+
 /* Task task (block of tokens task / nkv, kv head task % nkv); sc: the
- * thread's scores, buf: its query, accumulator, row and softmax buffers */
+ * thread's scores, buf: its attn_buf_floats buffers */
 static void attend_task(const attn_job *job, int task, float *sc, float *buf) {
     const kn_cpu_kernels *k = job->k;
     const kn_attention_args *a = job->a;
@@ -244,8 +248,7 @@ static void attend_part(void *arg, int t, int nt) {
     (void)nt;
     const int D = j->a->kv->head_dim, VG = ATTN_BLOCK * (j->a->n_heads / j->a->kv->n_kv_heads);
     float *sc = j->scratch + (size_t)t * (size_t)j->scratch_len;
-    /* qr [VG][D], acc [VG][D], row [D], mx [VG], inv [VG] */
-    float *buf = malloc(((size_t)2 * VG * D + D + 2 * (size_t)VG) * sizeof(float));
+    float *buf = malloc(attn_buf_floats(VG, D) * sizeof(float));
     if (!buf) return; /* out of memory: another thread takes the tasks, or the rows stay unwritten */
     for (int task; (task = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->tasks;)
         attend_task(j, task, sc, buf);

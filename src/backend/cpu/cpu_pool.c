@@ -22,9 +22,15 @@
  * worker that lost its core to another thread needs it back). */
 #define POOL_WAIT_YIELD_NS 50000
 
+typedef struct {
+    kn_cpu_pool *pool;
+    int t; /* the worker's part index (1..) */
+} worker_arg;
+
 struct kn_cpu_pool {
     int n_workers;
     pthread_t *threads;
+    worker_arg *args; /* [n_workers], owned here */
     /* the job, written by the caller before it bumps gen */
     kn_pool_fn fn;
     void *ctx;
@@ -35,11 +41,6 @@ struct kn_cpu_pool {
     _Alignas(64) _Atomic int sleepers; /* workers asleep (or about to be) on gen */
     _Alignas(64) _Atomic int busy;     /* a job is in progress */
 };
-
-typedef struct {
-    kn_cpu_pool *pool;
-    int t;
-} worker_arg;
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -80,10 +81,9 @@ static uint32_t wait_job(kn_cpu_pool *p, uint32_t seen) {
 }
 
 static void *worker_main(void *arg) {
-    worker_arg *wa = arg;
+    const worker_arg *wa = arg;
     kn_cpu_pool *p = wa->pool;
     const int t = wa->t;
-    free(wa);
     uint32_t seen = 0;
     for (;;) {
         seen = wait_job(p, seen);
@@ -98,15 +98,14 @@ kn_cpu_pool *kn_cpu_pool_create(int n_threads) {
     kn_cpu_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->threads = calloc((size_t)n_threads - 1, sizeof *p->threads);
-    if (!p->threads) {
-        free(p);
+    p->args = calloc((size_t)n_threads - 1, sizeof *p->args);
+    if (!p->threads || !p->args) {
+        kn_cpu_pool_destroy(p);
         return NULL;
     }
     for (int i = 0; i < n_threads - 1; i++) {
-        worker_arg *wa = malloc(sizeof *wa);
-        if (wa) *wa = (worker_arg){p, i + 1};
-        if (!wa || pthread_create(&p->threads[i], NULL, worker_main, wa) != 0) {
-            free(wa);
+        p->args[i] = (worker_arg){p, i + 1};
+        if (pthread_create(&p->threads[i], NULL, worker_main, &p->args[i]) != 0) {
             kn_cpu_pool_destroy(p); /* stops the i workers started */
             return NULL;
         }
@@ -122,6 +121,7 @@ void kn_cpu_pool_destroy(kn_cpu_pool *p) {
     futex_wake_all(&p->gen);
     for (int i = 0; i < p->n_workers; i++) pthread_join(p->threads[i], NULL);
     free(p->threads);
+    free(p->args);
     free(p);
 }
 
